@@ -1,0 +1,33 @@
+// The Python extension module jax_mxfp4._ffi_cpu: it exposes `registrations()`, a dict from
+// XLA FFI target name to a PyCapsule holding the handler's address, which the Python side
+// passes to jax.ffi.register_ffi_target(..., platform="cpu").
+//
+// The handlers themselves live in the other files of this folder; each adds itself to the
+// table in handlers.h. Today the table is empty: the foundation ships the build, the
+// primitives issue adds the handlers.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "xla/ffi/api/ffi.h"  // Fails the build early if the FFI headers are missing.
+
+namespace {
+
+PyObject* Registrations(PyObject* /*self*/, PyObject* /*args*/) {
+  PyObject* table = PyDict_New();
+  return table;
+}
+
+PyMethodDef kMethods[] = {
+    {"registrations", Registrations, METH_NOARGS,
+     "Dict of XLA FFI target name -> PyCapsule of the CPU handler."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_ffi_cpu", "jax_mxfp4 CPU XLA FFI handlers", -1, kMethods,
+    nullptr, nullptr, nullptr, nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__ffi_cpu(void) { return PyModule_Create(&kModule); }

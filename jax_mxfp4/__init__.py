@@ -1,0 +1,52 @@
+"""jax_mxfp4: MXFP4 sparse attention (MiniMax-M3.1 style) for JAX.
+
+    import jax_mxfp4 as jm
+    pool = jm.write_cache(pool, k, slots)
+    scores = jm.index_scores(q_index, index_pool, block_table, positions, requests,
+                             num_blocks=nb, sm_scale=128 ** -0.5)
+    sel = jm.select_blocks(scores, block_table, positions, requests, topk=16)
+    out = jm.sparse_attention(q, k_pool, v_pool, sel.page_table, sel.context_lens,
+                              sm_scale=128 ** -0.5)
+
+SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp versions.
+"""
+
+from jax_mxfp4 import reference
+from jax_mxfp4.api import index_scores, select_blocks, sparse_attention, write_cache
+from jax_mxfp4.backend import get_backend, set_backend
+from jax_mxfp4.formats import (
+    HEAD_DIM,
+    PAGE_BYTES,
+    PAGE_TOKENS,
+    dequantize_mxfp4,
+    dequantize_mxfp8,
+    quantize_mxfp4,
+    quantize_mxfp8,
+)
+from jax_mxfp4.pages import dequantize_pool, new_pool
+from jax_mxfp4.reference import SparseSelection
+from jax_mxfp4.rows import decode_rows, prefill_rows
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HEAD_DIM",
+    "PAGE_BYTES",
+    "PAGE_TOKENS",
+    "SparseSelection",
+    "decode_rows",
+    "dequantize_mxfp4",
+    "dequantize_mxfp8",
+    "dequantize_pool",
+    "get_backend",
+    "index_scores",
+    "new_pool",
+    "prefill_rows",
+    "quantize_mxfp4",
+    "quantize_mxfp8",
+    "reference",
+    "select_blocks",
+    "set_backend",
+    "sparse_attention",
+    "write_cache",
+]

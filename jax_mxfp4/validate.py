@@ -1,0 +1,174 @@
+"""Trace-time checks of operands and options, shared by the public API and the primitives.
+
+Each check raises ``TypeError`` (wrong dtype) or ``ValueError`` (wrong shape or option) with a
+message that names the argument and says what was expected. They look only at shapes, dtypes
+and static options, so they run at trace time and cost nothing at run time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
+
+QUERY_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
+Q_ROUNDS = ("e4m3", "none")
+OUTPUTS = ("bf16", "mxfp8")
+
+
+def _describe(x) -> str:
+    return f"{jnp.dtype(x.dtype).name}{list(x.shape)}"
+
+
+def dtype_is(x, name: str, expected, what: str | None = None) -> None:
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    if jnp.dtype(x.dtype) not in tuple(jnp.dtype(e) for e in expected):
+        names = " or ".join(jnp.dtype(e).name for e in expected)
+        raise TypeError(f"{name} must be {what or names}, got {_describe(x)}")
+
+
+def rank_is(x, name: str, ndim: int, layout: str) -> None:
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {layout}, got {_describe(x)}")
+
+
+def dim_is(x, name: str, axis: int, size: int, layout: str) -> None:
+    if x.shape[axis] != size:
+        raise ValueError(
+            f"{name} must have shape {layout} with axis {axis} of size {size}, got {_describe(x)}"
+        )
+
+
+def query(q, name: str = "q") -> None:
+    """``bfloat16 | float8_e4m3fn [T, H, 128]``."""
+    if jnp.dtype(q.dtype) not in QUERY_DTYPES:
+        raise TypeError(f"{name} must be bfloat16 or float8_e4m3fn, got {_describe(q)}")
+    rank_is(q, name, 3, f"[T, H, {HEAD_DIM}]")
+    dim_is(q, name, 2, HEAD_DIM, f"[T, H, {HEAD_DIM}]")
+
+
+def pool(p, name: str, *, heads: bool) -> None:
+    """``uint8[P, 8704]`` (``heads=False``) or ``uint8[P, Hkv, 8704]``."""
+    layout = f"[P, Hkv, {PAGE_BYTES}]" if heads else f"[P, {PAGE_BYTES}]"
+    dtype_is(p, name, jnp.uint8, f"uint8 pages {layout}")
+    rank_is(p, name, 3 if heads else 2, layout)
+    dim_is(p, name, -1, PAGE_BYTES, layout)
+    if p.shape[0] < 1:
+        raise ValueError(f"{name} must hold at least one page, got {_describe(p)}")
+
+
+def int32_vector(x, name: str, length: int) -> None:
+    dtype_is(x, name, jnp.int32, "int32")
+    rank_is(x, name, 1, f"[{length}]")
+    dim_is(x, name, 0, length, f"[{length}]")
+
+
+def rows(positions, requests, num_rows: int) -> None:
+    int32_vector(positions, "positions", num_rows)
+    int32_vector(requests, "requests", num_rows)
+
+
+def block_table(table, num_blocks: int) -> None:
+    dtype_is(table, "block_table", jnp.int32, "int32")
+    rank_is(table, "block_table", 2, "[B, >= num_blocks]")
+    if table.shape[0] < 1:
+        raise ValueError(f"block_table must have at least one request row, got {_describe(table)}")
+    if table.shape[1] < num_blocks:
+        raise ValueError(
+            f"block_table must have at least num_blocks={num_blocks} columns, got "
+            f"{_describe(table)}"
+        )
+
+
+def positive_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def scale(value, name: str = "sm_scale") -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a Python float, got {value!r}") from None
+    if not (math.isfinite(f) and f > 0 and math.isfinite(np.float32(f))):
+        raise ValueError(f"{name} must be finite and positive in fp32, got {value!r}")
+    return f
+
+
+def option(value, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+# --- one check per operation --------------------------------------------------------------------
+
+
+def write_cache_args(pool_, x, slots, round_mode) -> None:
+    heads = pool_.ndim == 3
+    pool(pool_, "pool", heads=heads)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be a floating-point array, got {_describe(x)}")
+    layout = f"[T, Hkv={pool_.shape[1]}, {HEAD_DIM}]" if heads else f"[T, {HEAD_DIM}]"
+    if x.ndim != pool_.ndim or x.shape[-1] != HEAD_DIM or (heads and x.shape[1] != pool_.shape[1]):
+        raise ValueError(f"x must have shape {layout} to match the pool, got {_describe(x)}")
+    if not jnp.issubdtype(slots.dtype, jnp.integer) or jnp.dtype(slots.dtype).itemsize < 4:
+        raise TypeError(f"slots must be int32 or int64, got {_describe(slots)}")
+    rank_is(slots, "slots", 1, "[T]")
+    dim_is(slots, "slots", 0, x.shape[0], f"[T={x.shape[0]}]")
+    option(round_mode, "round_mode", ROUND_MODES)
+
+
+def index_scores_args(q, index_pool, table, positions, requests, num_blocks, sm_scale, q_round):
+    query(q)
+    pool(index_pool, "index_pool", heads=False)
+    positive_int(num_blocks, "num_blocks")
+    block_table(table, num_blocks)
+    rows(positions, requests, q.shape[0])
+    scale(sm_scale)
+    option(q_round, "q_round", Q_ROUNDS)
+
+
+def select_blocks_args(scores, table, positions, requests, topk, init_blocks, local_blocks):
+    dtype_is(scores, "scores", jnp.float32)
+    rank_is(scores, "scores", 3, "[H, T, num_blocks]")
+    block_table(table, scores.shape[2])
+    rows(positions, requests, scores.shape[1])
+    positive_int(topk, "topk")
+    positive_int(init_blocks, "init_blocks", 0)
+    positive_int(local_blocks, "local_blocks", 0)
+
+
+def sparse_attention_args(q, k_pool, v_pool, page_table, context_lens, sm_scale, output):
+    query(q)
+    pool(k_pool, "k_pool", heads=True)
+    pool(v_pool, "v_pool", heads=True)
+    if k_pool.shape != v_pool.shape:
+        raise ValueError(
+            f"v_pool must have the shape of k_pool {list(k_pool.shape)}, got {_describe(v_pool)}"
+        )
+    num_tokens, num_q_heads = q.shape[0], q.shape[1]
+    num_kv_heads = k_pool.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"q heads ({num_q_heads}) must be a multiple of the pools' kv heads ({num_kv_heads})"
+        )
+    dtype_is(page_table, "page_table", jnp.int32, "int32")
+    rank_is(page_table, "page_table", 3, "[T, Hkv, n]")
+    if page_table.shape[:2] != (num_tokens, num_kv_heads) or page_table.shape[2] < 1:
+        raise ValueError(
+            f"page_table must have shape [T={num_tokens}, Hkv={num_kv_heads}, n >= 1], got "
+            f"{_describe(page_table)}"
+        )
+    dtype_is(context_lens, "context_lens", jnp.int32, "int32")
+    if context_lens.shape != (num_tokens, num_kv_heads):
+        raise ValueError(
+            f"context_lens must have shape [T={num_tokens}, Hkv={num_kv_heads}], got "
+            f"{_describe(context_lens)}"
+        )
+    scale(sm_scale)
+    option(output, "output", OUTPUTS)
