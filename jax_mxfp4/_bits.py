@@ -28,6 +28,17 @@ def f32_from_bits(bits: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(bits.astype(jnp.uint32), jnp.float32)
 
 
+def exact_div(numerator: jnp.ndarray, denominator: jnp.ndarray) -> jnp.ndarray:
+    """Correctly rounded fp32 ``numerator / denominator`` (``denominator`` broadcasts).
+
+    XLA's CPU backend rewrites a division by a constant or a broadcast into a multiplication by
+    the reciprocal, which is off by an ulp for about half the inputs. The optimization barrier
+    hides the divisor from that rewrite.
+    """
+    divisor = jnp.broadcast_to(jnp.asarray(denominator, jnp.float32), jnp.shape(numerator))
+    return numerator / lax.optimization_barrier(divisor)
+
+
 def pow2(k: jnp.ndarray) -> jnp.ndarray:
     """fp32 ``2**k`` for integer ``k`` in [-126, 127] (always a normal number)."""
     k = jnp.asarray(k, jnp.int32)

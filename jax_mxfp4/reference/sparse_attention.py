@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_mxfp4 import formats
-from jax_mxfp4._bits import exact_scaled_f32, f32_bits, f32_from_bits, pow2
+from jax_mxfp4._bits import exact_div, exact_scaled_f32, f32_bits, f32_from_bits, pow2
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import (
     FLT_MIN,
@@ -40,12 +40,13 @@ def attention_query(q: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarr
         return q.astype(jnp.float32), jnp.zeros(q.shape[:-1], jnp.int32), ones
     bits = f32_bits(q.astype(jnp.bfloat16))
     amax = f32_from_bits(jnp.max(bits & jnp.uint32(0x7FFFFFFF), axis=-1))
-    q_scale = jnp.maximum(amax / jnp.float32(formats.E4M3_MAX), jnp.float32(FLT_MIN))
+    q_scale = jnp.maximum(exact_div(amax, formats.E4M3_MAX), jnp.float32(FLT_MIN))
     # q / q_scale with both sides lifted by 2**64 when q_scale is tiny, so subnormal query
     # elements keep their value on backends that flush subnormal operands.
     lift = jnp.where(q_scale < 2.0**-60, 64, 0)
     numerator = exact_scaled_f32(bits, lift[..., None])
-    q8 = formats.to_e4m3(numerator / (q_scale * pow2(lift))[..., None]).astype(jnp.float32)
+    q8 = formats.to_e4m3(exact_div(numerator, (q_scale * pow2(lift))[..., None]))
+    q8 = q8.astype(jnp.float32)
     scale_bits = f32_bits(q_scale)
     exponent = ((scale_bits >> 23) & 0xFF).astype(jnp.int32) - 127
     mantissa = f32_from_bits((scale_bits & 0x7FFFFF) | 0x3F800000)

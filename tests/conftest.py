@@ -1,0 +1,263 @@
+"""Shared fixtures and case builders for the foundation test-suite.
+
+Every operation is tested against the independent float64 oracle in ``tests/oracle.py``, for
+both implementations: ``jm.reference`` (plain jnp) and the public ``jm`` functions (validated,
+dispatched to the platform's backend).
+
+Compile time dominates the suite, so calls go through :func:`call`, which keeps one
+``jax.jit`` per (implementation, function) and lets JAX's cache reuse compiled executables
+across tests of the same shapes. Builders therefore use a few standard shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:
+    import jax_mxfp4  # noqa: F401
+except ImportError:  # a source checkout that is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import oracle
+
+import jax_mxfp4 as jm
+
+BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
+SM_SCALE = 128**-0.5
+
+IMPLS = {"reference": jm.reference, "public": jm}
+
+# Static keyword arguments of each function (everything else is an array operand).
+_STATIC = {
+    "quantize_mxfp4": ("round_mode",),
+    "dequantize_mxfp4": ("dtype",),
+    "quantize_mxfp8": (),
+    "dequantize_mxfp8": ("dtype",),
+    "write_cache": ("round_mode",),
+    "dequantize_pool": ("dtype",),
+    "index_scores": ("num_blocks", "sm_scale", "q_round"),
+    "select_blocks": ("topk", "init_blocks", "local_blocks"),
+    "sparse_attention": ("sm_scale", "output"),
+    "prefill_rows": ("num_rows",),
+    "decode_rows": ("tokens_per_request",),
+}
+
+
+@functools.cache
+def _jitted(impl_name: str, fn_name: str):
+    fn = getattr(IMPLS[impl_name], fn_name)
+    return jax.jit(fn, static_argnames=_STATIC[fn_name])
+
+
+def call(impl_name: str, fn_name: str, *args, **kwargs):
+    """``IMPLS[impl_name].<fn_name>(*args, **kwargs)`` under a cached ``jax.jit``; numpy
+    results."""
+    out = _jitted(impl_name, fn_name)(*args, **kwargs)
+    return jax.tree.map(np.asarray, out)
+
+
+@pytest.fixture(params=list(IMPLS))
+def impl(request) -> str:
+    """Name of the implementation under test: "reference" (jm.reference) or "public" (jm)."""
+    return request.param
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded from the test's name, so every test is reproducible on its own."""
+    name = f"{request.node.module.__name__}::{request.node.name}"
+    seed = int.from_bytes(name.encode(), "little") % (2**63)
+    return np.random.default_rng(seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages
+# ---------------------------------------------------------------------------------------------
+
+GARBAGE_SCALES = np.array([0, 255, 0, 255, 1, 254, 127, 200], np.uint8)
+
+
+def random_pages(rng, shape, scale_lo=120, scale_hi=130, per_token=False) -> np.ndarray:
+    """uint8 pages ``[*shape, 8704]``: random e2m1 data, scale bytes in [scale_lo, scale_hi]
+    (one byte per 32-block, or one per token when ``per_token``)."""
+    pages = rng.integers(0, 256, (*shape, 8704), dtype=np.uint8)
+    if per_token:
+        s = rng.integers(scale_lo, scale_hi + 1, (*shape, 128, 1), dtype=np.uint8)
+        s = np.repeat(s, 4, axis=-1)
+    else:
+        s = rng.integers(scale_lo, scale_hi + 1, (*shape, 128, 4), dtype=np.uint8)
+    pages[..., 8192:] = s.reshape(*shape, 512)
+    return pages
+
+
+def garble(rng, pages: np.ndarray, token_start: int) -> None:
+    """In place: tokens ``token_start..127`` of ``pages [..., 8704]`` become garbage (random
+    data, scale bytes drawn from 0, 255 and a few others)."""
+    if token_start >= 128:
+        return
+    lead = pages.shape[:-1]
+    n = 128 - token_start
+    pages[..., token_start * 64 : 8192] = rng.integers(0, 256, (*lead, n * 64), dtype=np.uint8)
+    pages[..., 8192 + token_start * 4 :] = rng.choice(GARBAGE_SCALES, (*lead, n * 4))
+
+
+def mxfp4_pages_from(codes_value_fn, scale_byte, shape) -> np.ndarray:
+    """Pages whose every element has e2m1 code ``codes_value_fn`` (an int or a uint8 array
+    [..., 128, 128] of codes) and scale byte ``scale_byte`` (int or array [..., 128, 4])."""
+    codes = np.broadcast_to(np.asarray(codes_value_fn, np.uint8), (*shape, 128, 128))
+    scales = np.broadcast_to(np.asarray(scale_byte, np.uint8), (*shape, 128, 4))
+    pages = np.empty((*shape, 8704), np.uint8)
+    pages[..., :8192] = oracle.pack(codes).reshape(*shape, 8192)
+    pages[..., 8192:] = scales.reshape(*shape, 512)
+    return pages
+
+
+# ---------------------------------------------------------------------------------------------
+# Index-scoring cases
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class IndexCase:
+    q: np.ndarray  # bf16 | e4m3 [T, H, 128]
+    pool: np.ndarray  # uint8 [P, 8704]
+    block_table: np.ndarray  # int32 [B, W]
+    positions: np.ndarray  # int32 [T]
+    requests: np.ndarray  # int32 [T]
+    num_blocks: int
+    seq_lens: np.ndarray  # int32 [B]
+
+    def args(self):
+        return (self.q, self.pool, self.block_table, self.positions, self.requests)
+
+
+def build_index_pool(rng, seq_lens, *, num_pages: int, table_width: int, scale_lo=120,
+                     scale_hi=130, per_token=False):
+    """An index pool and block table for requests of ``seq_lens`` tokens.
+
+    Each request gets distinct random pages for its ``ceil(seq/128)`` blocks (at most
+    ``table_width``); tokens at or past a request's end and the pages no request uses are
+    garbage (scale bytes 0 and 255 included); table entries past a request's blocks point at
+    random pages (they are past every row's reach).
+    """
+    seq_lens = np.asarray(seq_lens, np.int64)
+    blocks = [min(math.ceil(s / 128), table_width) for s in seq_lens]
+    assert sum(blocks) <= num_pages, (blocks, num_pages)
+    pool = random_pages(rng, (num_pages,), scale_lo, scale_hi, per_token)
+    perm = rng.permutation(num_pages)
+    table = rng.integers(0, num_pages, (len(seq_lens), table_width)).astype(np.int32)
+    used = np.zeros(num_pages, bool)
+    k = 0
+    for b, nb in enumerate(blocks):
+        for j in range(nb):
+            page = perm[k]
+            k += 1
+            table[b, j] = page
+            used[page] = True
+            garble(rng, pool[page], int(min(max(seq_lens[b] - j * 128, 0), 128)))
+    for page in np.flatnonzero(~used):
+        garble(rng, pool[page], 0)
+    return pool, table
+
+
+def random_index_q(rng, num_rows, num_heads, q_dtype, scale=1.0) -> np.ndarray:
+    q = rng.standard_normal((num_rows, num_heads, 128)) * scale
+    if q_dtype == "e4m3":
+        return oracle.to_e4m3(q)
+    return oracle.to_bf16(q)
+
+
+def prefill_index_case(rng, q_lens, prefix_lens, *, num_rows=16, num_heads=2, num_blocks=4,
+                       table_width=6, num_pages=12, q_dtype="bf16", q_scale=1.0,
+                       **pool_kw) -> IndexCase:
+    """A ragged prefill batch: request b has ``q_lens[b]`` query rows after
+    ``prefix_lens[b]`` cached tokens; rows past the batch (up to ``num_rows``) are padding."""
+    q_lens = np.asarray(q_lens, np.int64)
+    prefix = np.asarray(prefix_lens, np.int64)
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    assert cu[-1] <= num_rows
+    positions, requests = oracle.prefill_rows(cu, prefix, num_rows)
+    seq = (prefix + q_lens).astype(np.int32)
+    pool, table = build_index_pool(rng, seq, num_pages=num_pages, table_width=table_width,
+                                   **pool_kw)
+    q = random_index_q(rng, num_rows, num_heads, q_dtype, q_scale)
+    return IndexCase(q, pool, table, positions, requests, num_blocks, seq)
+
+
+def decode_index_case(rng, seq_lens, tokens_per_request, *, num_heads=2, num_blocks=4,
+                      table_width=6, num_pages=12, q_dtype="bf16", q_scale=1.0,
+                      **pool_kw) -> IndexCase:
+    seq = np.asarray(seq_lens, np.int32)
+    positions, requests = oracle.decode_rows(seq, tokens_per_request)
+    pool, table = build_index_pool(rng, seq, num_pages=num_pages, table_width=table_width,
+                                   **pool_kw)
+    q = random_index_q(rng, len(positions), num_heads, q_dtype, q_scale)
+    return IndexCase(q, pool, table, positions, requests, num_blocks, seq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse-attention cases
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionCase:
+    q: np.ndarray  # bf16 | e4m3 [T, Hq, 128]
+    k_pool: np.ndarray  # uint8 [P, Hkv, 8704]
+    v_pool: np.ndarray
+    page_table: np.ndarray  # int32 [T, Hkv, n]
+    context_lens: np.ndarray  # int32 [T, Hkv]
+
+    def args(self):
+        return (self.q, self.k_pool, self.v_pool, self.page_table, self.context_lens)
+
+
+def attention_case(rng, context_lens, *, group=4, n_pages=16, q_dtype="bf16", q_scale=1.0,
+                   k_scales=(120, 126), v_scales=(120, 130), unused="mixed") -> AttentionCase:
+    """Rows (t, h) with ``context_lens[t, h]`` tokens over distinct random pages.
+
+    The tail of each row's last page is garbage (scale bytes 0/255), and page-table slots past
+    a row's pages point (``unused``) at a page full of NaN scales ("poison"), at out-of-range
+    ids ("oob"), at page 0 ("zero"), or a mix of the three ("mixed").
+    """
+    ctx = np.asarray(context_lens, np.int32)
+    num_rows, num_kv = ctx.shape
+    num_pages = num_rows * n_pages + 1
+    poison = num_pages - 1
+    k_pool = random_pages(rng, (num_pages, num_kv), *k_scales)
+    v_pool = random_pages(rng, (num_pages, num_kv), *v_scales)
+    for pool in (k_pool, v_pool):
+        pool[poison, :, 8192:] = 255
+    table = np.zeros((num_rows, num_kv, n_pages), np.int32)
+    perm = rng.permutation(num_pages - 1)
+    for t in range(num_rows):
+        pages = perm[t * n_pages : (t + 1) * n_pages]
+        for h in range(num_kv):
+            c = int(ctx[t, h])
+            used = math.ceil(c / 128)
+            table[t, h, :used] = pages[:used]
+            if used:
+                last = pages[used - 1]
+                garble(rng, k_pool[last, h], c - (used - 1) * 128)
+                garble(rng, v_pool[last, h], c - (used - 1) * 128)
+            rest = n_pages - used
+            choices = {
+                "poison": np.full(rest, poison),
+                "oob": rng.choice([-1, -7, num_pages, num_pages + 5, 2**30], rest),
+                "zero": np.zeros(rest),
+                "mixed": rng.choice([poison, -1, num_pages + 3, 0], rest),
+            }[unused]
+            table[t, h, used:] = choices
+    q = rng.standard_normal((num_rows, num_kv * group, 128)) * q_scale
+    q = oracle.to_e4m3(q) if q_dtype == "e4m3" else oracle.to_bf16(q)
+    return AttentionCase(q, k_pool, v_pool, table, ctx)
