@@ -30,3 +30,24 @@ test: $(STAMP) lint
 
 clean:
 	rm -rf $(VENV) build
+
+# `make asan`: the CPU FFI handlers built with AddressSanitizer (scikit-build-core with
+# cmake.define.JAX_MXFP4_ASAN=ON, in build/asan; the .venv install is left untouched), then
+# tests/test_cpu_ffi.py run against that build with libasan preloaded.
+ASAN_BUILD := build/asan
+# libstdc++ is preloaded too: python itself does not link it, and ASan's __cxa_throw interceptor
+# needs the real one (jaxlib throws C++ exceptions internally).
+ASAN_LIB = $(shell $(CXX) -print-file-name=libasan.so) $(shell $(CXX) -print-file-name=libstdc++.so.6)
+ASAN_RUN := import glob, importlib.util, sys; \
+	path = glob.glob('$(ASAN_BUILD)/ffi/_ffi_cpu*.so')[0]; \
+	spec = importlib.util.spec_from_file_location('jax_mxfp4._ffi_cpu', path); \
+	mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); \
+	sys.modules['jax_mxfp4._ffi_cpu'] = mod; print('FFI handlers from', path); \
+	import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_cpu_ffi.py']))
+
+.PHONY: asan
+asan: $(STAMP)
+	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(ASAN_BUILD)/dist \
+		--config-settings=cmake.define.JAX_MXFP4_ASAN=ON \
+		--config-settings=build-dir=$(ASAN_BUILD) .
+	LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0 $(VPY) -c "$(ASAN_RUN)"

@@ -1,19 +1,29 @@
 // The Python extension module jax_mxfp4._ffi_cpu: it exposes `registrations()`, a dict from
 // XLA FFI target name to a PyCapsule holding the handler's address, which the Python side
-// passes to jax.ffi.register_ffi_target(..., platform="cpu").
+// passes to jax.ffi.register_ffi_target(..., platform="cpu") (jax_mxfp4/ffi_targets.py).
 //
-// The handlers themselves live in the other files of this folder; each adds itself to the
-// table in handlers.h. Today the table is empty: the foundation ships the build, the
-// primitives issue adds the handlers.
+// The handlers themselves live in the other files of this folder; handlers.h lists them.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "cpu/handlers.h"
 #include "xla/ffi/api/ffi.h"  // Fails the build early if the FFI headers are missing.
 
 namespace {
 
 PyObject* Registrations(PyObject* /*self*/, PyObject* /*args*/) {
   PyObject* table = PyDict_New();
+  if (table == nullptr) return nullptr;
+  for (const jax_mxfp4::HandlerEntry& entry : jax_mxfp4::kHandlers) {
+    PyObject* capsule =
+        PyCapsule_New(reinterpret_cast<void*>(entry.handler), nullptr, nullptr);
+    if (capsule == nullptr || PyDict_SetItemString(table, entry.name, capsule) != 0) {
+      Py_XDECREF(capsule);
+      Py_DECREF(table);
+      return nullptr;
+    }
+    Py_DECREF(capsule);
+  }
   return table;
 }
 
