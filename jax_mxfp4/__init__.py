@@ -13,7 +13,7 @@ SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp 
 
 from jax_mxfp4 import reference
 from jax_mxfp4.api import index_scores, select_blocks, sparse_attention, write_cache
-from jax_mxfp4.backend import get_backend, set_backend
+from jax_mxfp4.backend import backend_scope, get_backend, set_backend
 from jax_mxfp4.formats import (
     HEAD_DIM,
     PAGE_BYTES,
@@ -34,6 +34,7 @@ __all__ = [
     "PAGE_BYTES",
     "PAGE_TOKENS",
     "SparseSelection",
+    "backend_scope",
     "decode_rows",
     "dequantize_mxfp4",
     "dequantize_mxfp8",

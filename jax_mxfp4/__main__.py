@@ -27,9 +27,29 @@ def _demo(subparsers) -> None:
     parser.set_defaults(run=demo.run_from_args)
 
 
+def _info(subparsers) -> None:
+    from jax_mxfp4 import info
+
+    parser = subparsers.add_parser(
+        "info", help="print which implementation each operation lowers to on these devices"
+    )
+    parser.set_defaults(run=info.run)
+
+
+def _bench(subparsers) -> None:
+    from jax_mxfp4 import bench
+
+    parser = subparsers.add_parser(
+        "bench", help="time every operation, kernels vs the reference lowering, in one run",
+        description=bench.__doc__,
+    )
+    bench.add_arguments(parser)
+    parser.set_defaults(run=bench.run_from_args)
+
+
 # Commands in the order `--help` lists them. Adding one (info, bench, build): write
 # `def _info(subparsers) -> None` like `_demo` and append it here.
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_demo,)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_demo, _info, _bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

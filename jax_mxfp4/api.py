@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mxfp4 import reference, validate
+from jax_mxfp4 import primitives, validate
 from jax_mxfp4.reference import SparseSelection
 
 
@@ -26,7 +26,7 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
     """
     pool, x, slots = jnp.asarray(pool), jnp.asarray(x), jnp.asarray(slots)
     validate.write_cache_args(pool, x, slots, round_mode)
-    return reference.write_cache(pool, x, slots, round_mode=round_mode)
+    return primitives.write_cache(pool, x, slots, round_mode=round_mode)
 
 
 def index_scores(
@@ -46,7 +46,7 @@ def index_scores(
     """
     args = tuple(map(jnp.asarray, (q, index_pool, block_table, positions, requests)))
     validate.index_scores_args(*args, num_blocks, sm_scale, q_round)
-    return reference.index_scores(
+    return primitives.index_scores(
         *args, num_blocks=int(num_blocks), sm_scale=float(sm_scale), q_round=q_round
     )
 
@@ -62,7 +62,7 @@ def select_blocks(
     """
     args = tuple(map(jnp.asarray, (scores, block_table, positions, requests)))
     validate.select_blocks_args(*args, topk, init_blocks, local_blocks)
-    return reference.select_blocks(
+    return primitives.select_blocks(
         *args, topk=int(topk), init_blocks=int(init_blocks), local_blocks=int(local_blocks)
     )
 
@@ -82,4 +82,4 @@ def sparse_attention(
     """
     args = tuple(map(jnp.asarray, (q, k_pool, v_pool, page_table, context_lens)))
     validate.sparse_attention_args(*args, sm_scale, output)
-    return reference.sparse_attention(*args, sm_scale=float(sm_scale), output=output)
+    return primitives.sparse_attention(*args, sm_scale=float(sm_scale), output=output)

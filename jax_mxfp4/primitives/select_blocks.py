@@ -1,0 +1,87 @@
+"""The ``mxfp4_select_blocks`` primitive: top-k blocks and the sparse page table (SPEC §6)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+
+from jax_mxfp4 import ffi_targets, reference, validate
+from jax_mxfp4.backend import get_backend
+from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+from jax_mxfp4.reference import SparseSelection
+
+
+def _abstract_eval(scores, block_table, positions, requests, *, topk, init_blocks,
+                   local_blocks, backend):
+    del backend
+    validate.select_blocks_args(
+        scores, block_table, positions, requests, topk, init_blocks, local_blocks
+    )
+    num_heads, num_rows, _ = scores.shape
+    return [
+        ShapedArray((num_heads, num_rows, topk), jnp.int32),
+        ShapedArray((num_rows, num_heads, topk), jnp.int32),
+        ShapedArray((num_rows, num_heads), jnp.int32),
+    ]
+
+
+def _batching_rule(bind, args, dims, **params):
+    """Fold the vmapped axis into rows; a batched table becomes one table of N*B requests."""
+    n, (scores, table, positions, requests) = B.all_to_front(args, dims)
+    if B.is_batched(dims[1]):
+        requests = B.offset_ids(requests, table.shape[1])
+        table = B.fold(table)
+    else:
+        table = table[0]
+    scores = jnp.moveaxis(scores, 0, 1)  # [H, N, T, NB]
+    scores = scores.reshape(scores.shape[0], -1, scores.shape[-1])
+    ids, pages, context = bind(scores, table, B.fold(positions), B.fold(requests), **params)
+    num_heads, _, topk = ids.shape
+    return (
+        [ids.reshape(num_heads, n, -1, topk), pages.reshape(n, -1, num_heads, topk),
+         context.reshape(n, -1, num_heads)],
+        [1, 0, 0],
+    )
+
+
+def _sharding(shapes) -> ShardingRule:
+    """Rows (t) and heads (h) shard; blocks and the table stay whole."""
+    return ShardingRule(
+        operands=("h t n", "b w", "t", "t"),
+        results=("h t k", "t h k", "t h"),
+        replicated=("n", "b", "w", "k"),
+    )
+
+
+def _cpu_attributes(*, topk, init_blocks, local_blocks):
+    del topk  # the result shapes carry it
+    return {"init_blocks": np.int64(init_blocks), "local_blocks": np.int64(local_blocks)}
+
+
+def _reference(scores, block_table, positions, requests, **params):
+    return tuple(reference.select_blocks(scores, block_table, positions, requests, **params))
+
+
+mxfp4_select_blocks_p = define(
+    Operation(
+        name="mxfp4_select_blocks",
+        abstract_eval=_abstract_eval,
+        batching_rule=_batching_rule,
+        reference=_reference,
+        cpu_target=ffi_targets.SELECT_BLOCKS,
+        cpu_attributes=_cpu_attributes,
+        sharding=_sharding,
+        multiple_results=True,
+    )
+)
+
+
+def select_blocks(scores, block_table, positions, requests, *, topk: int, init_blocks: int,
+                  local_blocks: int) -> SparseSelection:
+    ids, pages, context = mxfp4_select_blocks_p.bind(
+        scores, block_table, positions, requests, topk=int(topk), init_blocks=int(init_blocks),
+        local_blocks=int(local_blocks), backend=get_backend(),
+    )
+    return SparseSelection(ids, pages, context)

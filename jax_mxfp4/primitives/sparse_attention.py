@@ -1,0 +1,105 @@
+"""The ``mxfp4_sparse_attention`` primitive: paged attention over MXFP4 K/V (SPEC §7, §8)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+
+from jax_mxfp4 import ffi_targets, reference, validate
+from jax_mxfp4.backend import get_backend
+from jax_mxfp4.formats import MX_BLOCK
+from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+
+
+def _abstract_eval(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, output, backend):
+    del backend
+    validate.sparse_attention_args(q, k_pool, v_pool, page_table, context_lens, sm_scale, output)
+    num_tokens, num_q_heads, head_dim = q.shape
+    if output == "mxfp8":
+        width = num_q_heads * head_dim
+        return [
+            ShapedArray((num_tokens, width), jnp.float8_e4m3fn),
+            ShapedArray((num_tokens, width // MX_BLOCK), jnp.uint8),
+        ]
+    return [ShapedArray(q.shape, jnp.bfloat16)]
+
+
+def _batching_rule(bind, args, dims, **params):
+    """Fold the vmapped axis into rows; batched pools become pools of N*P pages with the page
+    table's ids offset per problem."""
+    n, (q, k_pool, v_pool, pages, context) = B.all_to_front(args, dims)
+    if B.is_batched(dims[1]) or B.is_batched(dims[2]):
+        pages = B.offset_ids(pages, k_pool.shape[1])
+        k_pool, v_pool = B.fold(k_pool), B.fold(v_pool)
+    else:
+        k_pool, v_pool = k_pool[0], v_pool[0]
+    outs = bind(B.fold(q), k_pool, v_pool, B.fold(pages), B.fold(context), **params)
+    return [o.reshape(n, -1, *o.shape[1:]) for o in outs], [0] * len(outs)
+
+
+def _sharding(shapes) -> ShardingRule:
+    """Tokens (t) and kv heads (h) shard; q heads follow their kv head (dim ``(h g)``)."""
+    q_shape, k_shape = shapes[0], shapes[1]
+    group = q_shape[1] // k_shape[1]
+    return ShardingRule(
+        operands=("t (h g) d", "p h c", "p h c", "t h n", "t h"),
+        results=("t (h g) d",),
+        replicated=("d", "p", "c", "n"),
+        sizes={"g": group},
+    )
+
+
+def _mxfp8_sharding(shapes) -> ShardingRule:
+    rule = _sharding(shapes)
+    return ShardingRule(
+        operands=rule.operands,
+        results=("t (h g e)", "t (h g s)"),
+        replicated=(*rule.replicated, "e", "s"),
+        sizes={**rule.sizes, "e": shapes[0][2], "s": shapes[0][2] // MX_BLOCK},
+    )
+
+
+def _cpu_attributes(*, sm_scale, output):
+    del output  # chosen by the target name
+    return {"sm_scale": np.float32(sm_scale)}
+
+
+def _reference(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, output):
+    out = reference.sparse_attention(
+        q, k_pool, v_pool, page_table, context_lens, sm_scale=sm_scale, output=output
+    )
+    return tuple(out) if output == "mxfp8" else (out,)
+
+
+def _define(output: str):
+    mxfp8 = output == "mxfp8"
+    return define(
+        Operation(
+            name="mxfp4_sparse_attention" + ("_mxfp8" if mxfp8 else ""),
+            abstract_eval=_abstract_eval,
+            batching_rule=_batching_rule,
+            reference=_reference,
+            cpu_target=(
+                ffi_targets.SPARSE_ATTENTION_MXFP8 if mxfp8 else ffi_targets.SPARSE_ATTENTION
+            ),
+            cpu_attributes=_cpu_attributes,
+            sharding=_mxfp8_sharding if mxfp8 else _sharding,
+            multiple_results=True,
+        )
+    )
+
+
+mxfp4_sparse_attention_p = _define("bf16")
+mxfp4_sparse_attention_mxfp8_p = _define("mxfp8")
+
+
+def sparse_attention(q, k_pool, v_pool, page_table, context_lens, *, sm_scale: float,
+                     output: str = "bf16"):
+    primitive = mxfp4_sparse_attention_mxfp8_p if output == "mxfp8" else mxfp4_sparse_attention_p
+    outs = primitive.bind(
+        q, k_pool, v_pool, page_table, context_lens, sm_scale=float(sm_scale), output=output,
+        backend=get_backend(),
+    )
+    return tuple(outs) if output == "mxfp8" else outs[0]

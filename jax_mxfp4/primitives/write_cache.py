@@ -1,0 +1,74 @@
+"""The ``mxfp4_write_cache`` primitive: quantize rows into pool pages, in place (SPEC §3)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax.core import ShapedArray
+
+from jax_mxfp4 import ffi_targets, reference, validate
+from jax_mxfp4.backend import get_backend
+from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+
+
+def _abstract_eval(pool, x, slots, *, round_mode, backend):
+    del backend
+    validate.write_cache_args(pool, x, slots, round_mode)
+    if x.dtype != jnp.bfloat16 or slots.dtype != jnp.int32:
+        raise TypeError(
+            f"the write_cache kernel takes bfloat16 rows and int32 slots, got {x.dtype} and "
+            f"{slots.dtype} (the public write_cache converts them)"
+        )
+    return ShapedArray(pool.shape, pool.dtype)
+
+
+def _batching_rule(bind, args, dims, **params):
+    """Fold the vmapped axis into pages and rows: N pools become one of N*P pages and each
+    problem's slots are offset into its own pages (a slot outside its pool stays skipped)."""
+    n, (pool, x, slots) = B.all_to_front(args, dims)
+    num_pages = pool.shape[1]
+    slots = B.offset_ids(slots, num_pages * PAGE_TOKENS)
+    out = bind(B.fold(pool), B.fold(x), B.fold(slots), **params)
+    return out.reshape(n, num_pages, *out.shape[1:]), 0
+
+
+def _sharding(shapes) -> ShardingRule:
+    """kv heads shard (pool and rows together); pages, rows and slots stay whole."""
+    if len(shapes[0]) == 3:
+        return ShardingRule(
+            operands=("p h c", "t h d", "t"), results=("p h c",), replicated=("p", "c", "t", "d")
+        )
+    return ShardingRule(
+        operands=("p c", "t d", "t"), results=("p c",), replicated=("p", "c", "t", "d")
+    )
+
+
+def _cpu_attributes(*, round_mode):
+    return {"round_mode": np.int32(ffi_targets.ROUND_MODE_CODES[round_mode])}
+
+
+mxfp4_write_cache_p = define(
+    Operation(
+        name="mxfp4_write_cache",
+        abstract_eval=_abstract_eval,
+        batching_rule=_batching_rule,
+        reference=reference.write_cache,
+        cpu_target=ffi_targets.WRITE_CACHE,
+        cpu_attributes=_cpu_attributes,
+        sharding=_sharding,
+        aliases={0: 0},
+    )
+)
+
+
+def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
+    """Bind the primitive: rows go in as bfloat16 (SPEC §15.10), slots as int32 (a slot that
+    does not fit in int32 cannot address the pool and is skipped)."""
+    x = x.astype(jnp.bfloat16)
+    if slots.dtype != jnp.int32:
+        limit = pool.shape[0] * PAGE_TOKENS
+        inside = (slots >= 0) & (slots < limit)
+        slots = jnp.where(inside, slots, -1).astype(jnp.int32)
+    return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode, backend=get_backend())
