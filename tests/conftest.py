@@ -142,20 +142,24 @@ class IndexCase:
 
 
 def build_index_pool(rng, seq_lens, *, num_pages: int, table_width: int, scale_lo=120,
-                     scale_hi=130, per_token=False):
+                     scale_hi=130, per_token=False, unused_ids=None):
     """An index pool and block table for requests of ``seq_lens`` tokens.
 
     Each request gets distinct random pages for its ``ceil(seq/128)`` blocks (at most
     ``table_width``); tokens at or past a request's end and the pages no request uses are
     garbage (scale bytes 0 and 255 included); table entries past a request's blocks point at
-    random pages (they are past every row's reach).
+    random pages (they are past every row's reach), or at ids drawn from ``unused_ids`` when
+    given (e.g. out-of-range ids).
     """
     seq_lens = np.asarray(seq_lens, np.int64)
     blocks = [min(math.ceil(s / 128), table_width) for s in seq_lens]
     assert sum(blocks) <= num_pages, (blocks, num_pages)
     pool = random_pages(rng, (num_pages,), scale_lo, scale_hi, per_token)
     perm = rng.permutation(num_pages)
-    table = rng.integers(0, num_pages, (len(seq_lens), table_width)).astype(np.int32)
+    if unused_ids is None:
+        table = rng.integers(0, num_pages, (len(seq_lens), table_width)).astype(np.int32)
+    else:
+        table = rng.choice(np.asarray(unused_ids), (len(seq_lens), table_width)).astype(np.int32)
     used = np.zeros(num_pages, bool)
     k = 0
     for b, nb in enumerate(blocks):
@@ -228,7 +232,8 @@ def attention_case(rng, context_lens, *, group=4, n_pages=16, q_dtype="bf16", q_
 
     The tail of each row's last page is garbage (scale bytes 0/255), and page-table slots past
     a row's pages point (``unused``) at a page full of NaN scales ("poison"), at out-of-range
-    ids ("oob"), at page 0 ("zero"), or a mix of the three ("mixed").
+    ids ("oob"), at page 0 ("zero"), or a mix of the three ("mixed"); "extreme" mixes poison,
+    -1, P + 3 and INT32_MAX.
     """
     ctx = np.asarray(context_lens, np.int32)
     num_rows, num_kv = ctx.shape
@@ -251,6 +256,9 @@ def attention_case(rng, context_lens, *, group=4, n_pages=16, q_dtype="bf16", q_
                 garble(rng, k_pool[last, h], c - (used - 1) * 128)
                 garble(rng, v_pool[last, h], c - (used - 1) * 128)
             rest = n_pages - used
+            if unused == "extreme":
+                table[t, h, used:] = rng.choice([poison, -1, num_pages + 3, 2**31 - 1], rest)
+                continue
             choices = {
                 "poison": np.full(rest, poison),
                 "oob": rng.choice([-1, -7, num_pages, num_pages + 5, 2**30], rest),
