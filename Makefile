@@ -14,7 +14,10 @@ $(STAMP): $(SOURCES_NEEDING_REBUILD)
 	@# Build requirements go in first so the editable build can skip isolation (and not
 	@# download jaxlib a second time into a throwaway environment).
 	$(VPY) -m pip install -q "scikit-build-core>=0.10" cmake ninja "jax>=0.10"
-	$(VPY) -m pip install -q --no-build-isolation -e ".[test]"
+	@# FlyDSL (rocm extra) imports torch without declaring it: take the CPU build on disk first,
+	@# so nothing resolves a CUDA torch.
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q --no-build-isolation -e ".[test,rocm]"
 	@touch $@
 
 install: $(STAMP)

@@ -47,9 +47,21 @@ def _bench(subparsers) -> None:
     parser.set_defaults(run=bench.run_from_args)
 
 
+def _build(subparsers) -> None:
+    from hip_kernels import build
+
+    parser = subparsers.add_parser(
+        "build", help="compile every gfx950 FlyDSL kernel (no GPU needed) and print the manifest",
+        description=build.__doc__,
+    )
+    build.add_arguments(parser)
+    parser.set_defaults(run=build.run_from_args)
+
+
 # Commands in the order `--help` lists them. Adding one (info, bench, build): write
 # `def _info(subparsers) -> None` like `_demo` and append it here.
-COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_demo, _info, _bench)
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_demo, _info, _bench,
+                                                                      _build)
 
 
 def build_parser() -> argparse.ArgumentParser:

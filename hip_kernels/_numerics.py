@@ -1,0 +1,102 @@
+"""Number-format conversions shared by the kernels (SPEC §1): e4m3, bf16, e2m1, MXFP8.
+
+Every helper emits gfx950 instructions whose rounding is the SPEC's: ``v_cvt_pk_fp8_f32``
+rounds to nearest even (MODE register default) and saturation is an explicit clamp to ±448
+first (SPEC §15.2); bf16 values widen to fp32 exactly by a 16-bit shift; e2m1 codes widen with
+``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (exact) and are scaled by an exact fp32 power of two.
+"""
+
+from __future__ import annotations
+
+from flydsl._mlir.dialects import arith
+from flydsl.expr import rocdl
+
+from hip_kernels import _ir as I
+
+E4M3_MAX = 448.0
+
+
+def clamp_e4m3(x):
+    """``clamp(x, -448, 448)`` in fp32."""
+    return I.fmin(I.fmax(x, I.cf32(-E4M3_MAX)), I.cf32(E4M3_MAX))
+
+
+def pack_e4m3x4(values) -> object:
+    """Four fp32 values -> one i32 of four e4m3 bytes (element 0 in the low byte), saturating
+    round-to-nearest-even."""
+    a, b, c, d = (clamp_e4m3(v) for v in values)
+    low = rocdl.cvt_pk_fp8_f32(I.i32(), a, b, I.ci32(0), False)
+    return rocdl.cvt_pk_fp8_f32(I.i32(), c, d, low, True)
+
+
+def pack_e4m3(values) -> list:
+    """fp32 values (a multiple of 4) -> i32 words of e4m3 bytes, in element order."""
+    return [pack_e4m3x4(values[i : i + 4]) for i in range(0, len(values), 4)]
+
+
+def bf16_pair_to_f32(word) -> tuple:
+    """An i32 holding two bf16 (element 0 low) -> the two exact fp32 values."""
+    low = I.f32_from_bits(I.shl(word, I.ci32(16)))
+    high = I.f32_from_bits(I.band(word, I.ci32(0xFFFF0000)))
+    return low, high
+
+
+def bf16_words_to_f32(words) -> list:
+    out = []
+    for word in words:
+        out.extend(bf16_pair_to_f32(word))
+    return out
+
+
+def to_bf16_bits(x):
+    """fp32 -> its bf16 rounding (nearest even) as the low 16 bits of an i32."""
+    value = arith.truncf(I.bf16(), I.raw(x))
+    return arith.extui(I.i32(), arith.bitcast(I.i16(), value))
+
+
+def bf16_round_f32(x):
+    """fp32 -> the fp32 value of its bf16 rounding (nearest even)."""
+    return I.f32_from_bits(I.shl(to_bf16_bits(x), I.ci32(16)))
+
+
+def pack_bf16x2(a, b):
+    """Two fp32 -> one i32 holding their bf16 roundings (``a`` low)."""
+    return I.bor(to_bf16_bits(a), I.shl(to_bf16_bits(b), I.ci32(16)))
+
+
+def pack_bf16_vec8(values):
+    """Eight fp32 -> ``vector<8xbf16>`` (nearest even), the operand of a bf16 MFMA."""
+    return I.from_elements(I.vec(8, I.bf16()), [arith.truncf(I.bf16(), I.raw(v)) for v in values])
+
+
+def e2m1_word_to_f32(word) -> list:
+    """An i32 of eight packed e2m1 codes (element 0 in the low nibble) -> eight exact fp32
+    values (unscaled)."""
+    out = []
+    for pair in range(4):
+        two = rocdl.cvt_scalef32_pk_f32_fp4(I.vec(2, I.f32()), word, I.cf32(1.0), pair)
+        out.extend([I.extract(two, 0), I.extract(two, 1)])
+    return out
+
+
+def mxfp8_scale_byte(amax_bits):
+    """SPEC §1.6: ``clamp(E - 8 + (M7 > 96), 0, 254)`` from the fp32 bits of a bf16 amax."""
+    exp_field = I.band(I.lshr(amax_bits, I.ci32(23)), I.ci32(0xFF))
+    mant7 = I.band(I.lshr(amax_bits, I.ci32(16)), I.ci32(0x7F))
+    byte = I.add(I.sub(exp_field, I.ci32(8)), arith.extui(I.i32(), I.gt(mant7, I.ci32(96))))
+    return I.smin(I.smax(byte, I.ci32(0)), I.ci32(254))
+
+
+def mxfp8_block(values_bf16_f32) -> tuple:
+    """Quantize 32 bf16-valued fp32 to MXFP8 (SPEC §1.6, §8): ``(8 i32 words of e4m3, byte)``.
+
+    ``values * 2**(127 - sb)`` is an exact power-of-two scaling (``sb <= 247`` for finite bf16,
+    so the factor is a normal fp32) and the e4m3 rounding is saturating nearest-even.
+    """
+    amax = I.ci32(0)
+    for v in values_bf16_f32:
+        amax = I.umax(amax, I.band(I.f32_bits(v), I.ci32(0x7FFFFFFF)))
+    byte = mxfp8_scale_byte(amax)
+    factor = I.f32_from_bits(I.shl(I.sub(I.ci32(254), byte), I.ci32(23)))
+    scaled = [I.fmul(v, factor) for v in values_bf16_f32]
+    return pack_e4m3(scaled), byte

@@ -1,0 +1,231 @@
+"""The launch contract of every gfx950 FlyDSL kernel: specializations, kernarg layouts, grids.
+
+This module is what a launcher packs against; it imports nothing heavy (no FlyDSL, no torch).
+
+Kernel arguments follow the AMDGPU HSA code-object ABI as FlyDSL emits it: each argument at
+the next offset aligned to its own size, pointers 8 bytes (``global_buffer``), ``i32``/``f32``
+4 bytes and ``i64`` 8 bytes (``by_value``), no hidden arguments; the segment size is the end of
+the last argument. :func:`kernarg_layout` computes offsets from the argument list below, and
+``tests/test_flydsl_build.py`` checks them against the code objects' own metadata.
+
+Pointers are device addresses of the operands' first bytes (arrays row-major, as JAX lays them
+out). ``P`` pages, ``T`` rows/tokens, ``B`` requests, ``W`` block-table width, ``NB`` scored
+blocks, ``Hkv`` kv heads, ``G`` q heads per kv head, ``R = T * Hkv`` attention rows, ``n`` page
+slots per attention row, ``NP`` split-K partitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+OPS = ("write_cache", "index_scores", "sparse_attention", "attention_merge")
+
+_SIZES = {"pointer": 8, "i32": 4, "f32": 4, "i64": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One kernel argument: name, kind (``pointer`` | ``i32`` | ``f32`` | ``i64``), meaning."""
+
+    name: str
+    kind: str
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """An argument placed in the kernarg segment."""
+
+    name: str
+    kind: str
+    offset: int
+    size: int
+    doc: str
+
+    @property
+    def value_kind(self) -> str:
+        """The HSA metadata ``.value_kind`` this slot must have."""
+        return "global_buffer" if self.kind == "pointer" else "by_value"
+
+
+def kernarg_layout(args: tuple[Arg, ...]) -> tuple[tuple[Slot, ...], int]:
+    """Offsets of ``args`` in the kernarg segment, and the segment size."""
+    slots, offset = [], 0
+    for arg in args:
+        size = _SIZES[arg.kind]
+        offset = -(-offset // size) * size
+        slots.append(Slot(arg.name, arg.kind, offset, size, arg.doc))
+        offset += size
+    return tuple(slots), offset
+
+
+WRITE_CACHE_ARGS = (
+    Arg("pool", "pointer", "u8[P, Hkv, 8704] pool, written in place (index pool: Hkv = 1)"),
+    Arg("x", "pointer", "bf16[T, Hkv, 128] rows to quantize"),
+    Arg("slots", "pointer", "s32[T] slot = page * 128 + offset; outside [0, P*128) is skipped"),
+    Arg("num_tokens", "i32", "T"),
+    Arg("num_pages", "i32", "P"),
+    Arg("num_heads", "i32", "Hkv"),
+    Arg("round_mode", "i32", "e8m0 rounding: 0 up, 1 even, 2 down (ffi_targets.ROUND_MODE_CODES)"),
+)
+
+INDEX_SCORES_ARGS = (
+    Arg("q", "pointer", "bf16|e4m3[T, H, 128] index queries"),
+    Arg("index_pool", "pointer", "u8[P, 8704] MXFP4 index-key pages"),
+    Arg("block_table", "pointer", "s32[B, W] logical block -> page"),
+    Arg("positions", "pointer", "s32[T] absolute position of each row, -1 = padding"),
+    Arg("requests", "pointer", "s32[T] request of each row"),
+    Arg("out", "pointer", "f32[H, T, NB] scores (every element written)"),
+    Arg("num_rows", "i32", "T"),
+    Arg("num_pages", "i32", "P"),
+    Arg("num_requests", "i32", "B"),
+    Arg("table_width", "i32", "W (>= NB)"),
+    Arg("num_blocks", "i32", "NB"),
+    Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
+)
+
+SPARSE_ATTENTION_ARGS = (
+    Arg("q", "pointer", "bf16|e4m3[T, Hkv*G, 128] queries"),
+    Arg("k_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 keys"),
+    Arg("v_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 values"),
+    Arg("page_table", "pointer", "s32[T, Hkv, n] page ids in attention order"),
+    Arg("context_lens", "pointer", "s32[T, Hkv] tokens attended per row"),
+    Arg("out", "pointer", "direct: bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values); "
+        "split: bf16[R, NP, G, 128] partial outputs (normalized)"),
+    Arg("out_aux", "pointer", "direct mxfp8: u8[T, Hkv*G*4] scales; split: f32[R, NP, G, 2] "
+        "partial (base-2 max, sum); direct bf16: unused (may be null)"),
+    Arg("num_rows", "i32", "R = T * Hkv"),
+    Arg("num_kv_heads", "i32", "Hkv"),
+    Arg("num_pages", "i32", "P"),
+    Arg("pages_per_row", "i32", "n"),
+    Arg("num_partitions", "i32", "NP (1 for the direct kernels)"),
+    Arg("sm_scale", "f32", "softmax scale"),
+)
+
+ATTENTION_MERGE_ARGS = (
+    Arg("partial_out", "pointer", "bf16[R, NP, G, 128] from the split kernel"),
+    Arg("partial_stats", "pointer", "f32[R, NP, G, 2] from the split kernel"),
+    Arg("out", "pointer", "bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values)"),
+    Arg("out_aux", "pointer", "mxfp8: u8[T, Hkv*G*4] scales; bf16: unused (may be null)"),
+    Arg("num_rows", "i32", "R"),
+    Arg("num_partitions", "i32", "NP"),
+)
+
+ARGS: Mapping[str, tuple[Arg, ...]] = {
+    "write_cache": WRITE_CACHE_ARGS,
+    "index_scores": INDEX_SCORES_ARGS,
+    "sparse_attention": SPARSE_ATTENTION_ARGS,
+    "attention_merge": ATTENTION_MERGE_ARGS,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Specialization:
+    """One compiled variant of an operation's kernel (compile-time parameters)."""
+
+    op: str
+    q: str = ""  # "bf16" | "e4m3" (index_scores, sparse_attention)
+    heads: int = 0  # index heads H (index_scores)
+    tiling: str = ""  # "prefill" | "decode" (index_scores)
+    group: int = 0  # q heads per kv head G (sparse_attention, attention_merge)
+    output: str = ""  # "bf16" | "mxfp8" (sparse_attention, attention_merge)
+    path: str = ""  # "direct" | "split" (sparse_attention)
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's symbol in its code object (``.kd`` is appended for the descriptor)."""
+        parts = ["jax_mxfp4", self.op]
+        if self.op == "index_scores":
+            parts += [f"q{self.q}", f"h{self.heads}", self.tiling]
+        elif self.op == "sparse_attention":
+            parts += [f"q{self.q}", f"g{self.group}", self.output, self.path]
+        elif self.op == "attention_merge":
+            parts += [f"g{self.group}", self.output]
+        return "_".join(parts)
+
+    def params(self) -> dict:
+        """The non-empty compile-time parameters."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0)}
+
+
+def check(spec: Specialization) -> None:
+    """Raise ValueError for a specialization no kernel implements."""
+    if spec.op not in OPS:
+        raise ValueError(f"unknown op {spec.op!r}; one of {OPS}")
+    powers = (1, 2, 4, 8, 16)
+    if spec.op == "index_scores":
+        ok = spec.q in ("bf16", "e4m3") and spec.heads in powers and spec.tiling in TILINGS
+    elif spec.op == "sparse_attention":
+        ok = (spec.q in ("bf16", "e4m3") and spec.group in powers
+              and spec.output in ("bf16", "mxfp8") and spec.path in ("direct", "split")
+              and not (spec.path == "split" and spec.output != "bf16"))
+    elif spec.op == "attention_merge":
+        ok = spec.group in powers and spec.output in ("bf16", "mxfp8")
+    else:
+        ok = True
+    if not ok:
+        raise ValueError(f"unsupported specialization {spec}")
+
+
+# --- index_scores tilings ---------------------------------------------------------------------
+
+TILINGS = {
+    # waves sharing one staged page (column tiles of 16 (row, head) columns), waves splitting
+    # the blocks; 4 waves per workgroup either way.
+    "prefill": (4, 1),
+    "decode": (1, 4),
+}
+BLOCKS_PER_WAVE = 4  # consecutive blocks a wave scores before one merged 16-byte row store
+
+
+def index_scores_tile(spec: Specialization) -> tuple[int, int]:
+    """``(rows, blocks)`` one index_scores workgroup covers."""
+    col_tiles, block_waves = TILINGS[spec.tiling]
+    return col_tiles * 16 // spec.heads, block_waves * BLOCKS_PER_WAVE
+
+
+# --- grids --------------------------------------------------------------------------------------
+
+BLOCK_THREADS = {"write_cache": 256, "index_scores": 256, "sparse_attention": 256,
+                 "attention_merge": 64}
+
+
+def grid(spec: Specialization, **dims: int) -> tuple[int, int, int]:
+    """The launch grid (in workgroups) from static shapes.
+
+    write_cache: ``num_tokens, num_heads``; index_scores: ``num_rows, num_blocks``;
+    sparse_attention: ``num_rows`` (R) and ``num_partitions`` (1 for direct);
+    attention_merge: ``num_rows``.
+    """
+    def cdiv(a: int, b: int) -> int:
+        return max(1, -(-a // b))
+
+    if spec.op == "write_cache":
+        return cdiv(dims["num_tokens"] * dims["num_heads"] * 4, 256), 1, 1
+    if spec.op == "index_scores":
+        rows, blocks = index_scores_tile(spec)
+        return cdiv(dims["num_rows"], rows), cdiv(dims["num_blocks"], blocks), 1
+    if spec.op == "sparse_attention":
+        parts = 1 if spec.path == "direct" else dims["num_partitions"]
+        return max(1, dims["num_rows"]), parts, 1
+    return max(1, dims["num_rows"]), 1, 1
+
+
+def minimax_specializations() -> tuple[Specialization, ...]:
+    """Every specialization the API reaches for the MiniMax-M3.1 shapes (SPEC §0): index heads
+    1 (TP4) and 4 (TP1), G = 16 q heads per kv head, bf16 and e4m3 queries, prefill and decode
+    tilings, bf16 and MXFP8 outputs, direct and split-K attention."""
+    specs = [Specialization("write_cache")]
+    specs += [Specialization("index_scores", q=q, heads=h, tiling=t)
+              for t in ("prefill", "decode") for h in (1, 4) for q in ("bf16", "e4m3")]
+    specs += [Specialization("sparse_attention", q=q, group=16, output=o, path="direct")
+              for o in ("bf16", "mxfp8") for q in ("bf16", "e4m3")]
+    # Split kernels write bf16 partials whatever the final output; the merge picks it.
+    specs += [Specialization("sparse_attention", q=q, group=16, output="bf16", path="split")
+              for q in ("bf16", "e4m3")]
+    specs += [Specialization("attention_merge", group=16, output=o) for o in ("bf16", "mxfp8")]
+    return tuple(specs)

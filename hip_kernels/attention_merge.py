@@ -1,0 +1,118 @@
+"""FlyDSL kernel: merge split-K attention partials, and the output stores both paths share.
+
+Partition ``p`` of row ``r`` left ``m_p`` (its base-2 row max), ``l_p`` (its row sum) and
+``o_p = O_p / l_p`` rounded to bf16 (SPEC §7). The merge takes
+``M = max_p m_p``, ``w_p = 2**(m_p - M) * l_p`` (0 for an empty partition) and writes
+``out = bf16(sum_p w_p o_p / sum_p w_p)`` (zeros when every partition is empty), or its MXFP8
+quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16 block amax and
+``e4m3(x * 2**(127 - sb))``.
+
+One wave per row; lane ``(c, b) = (lane // 4, lane % 4)`` owns q head ``c`` (< G), output
+elements ``32b .. 32b + 31`` (one MX block). Kernarg layout:
+:data:`hip_kernels.abi.ATTENTION_MERGE_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+"""
+
+# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+from hip_kernels import _ir as I
+from hip_kernels import _numerics as N
+from hip_kernels.abi import Specialization
+
+THREADS = 64
+
+
+def store_output_block(output: str, out, out_aux, row_head, block, values) -> None:
+    """Store 32 fp32 ``values`` (elements ``32*block..`` of q-head row ``row_head``) as bf16,
+    or as MXFP8 values plus their scale byte."""
+    if output == "bf16":
+        words = [N.pack_bf16x2(values[i], values[i + 1]) for i in range(0, 32, 2)]
+        elem = I.add(I.mul(I.zext64(row_head), I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
+        at = I.mul(elem, I.ci64(2))
+        for k in range(4):
+            chunk = I.from_elements(I.vec(4, I.i32()), words[4 * k : 4 * k + 4])
+            I.store(chunk, I.global_ptr(out), I.add(at, I.ci64(16 * k)), align=16)
+        return
+    rounded = [N.bf16_round_f32(v) for v in values]
+    words, byte = N.mxfp8_block(rounded)
+    at = I.add(I.mul(I.zext64(row_head), I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
+    for k in range(2):
+        chunk = I.from_elements(I.vec(4, I.i32()), words[4 * k : 4 * k + 4])
+        I.store(chunk, I.global_ptr(out), I.add(at, I.ci64(16 * k)), align=16)
+    scale_at = I.add(I.mul(I.zext64(row_head), I.ci64(4)), I.zext64(block))
+    I.store(I.trunc8(byte), I.global_ptr(out_aux), scale_at, align=1)
+
+
+def _stats(a, r, part, head, group: int):
+    """(m_p, l_p) of partition ``part``."""
+    idx = I.add(I.mul(I.add(I.mul(I.zext64(r), I.zext64(a.num_partitions)), I.zext64(part)),
+                      I.ci64(group)), I.zext64(head))
+    pair = I.load(I.vec(2, I.f32()), I.global_ptr(a.partial_stats), I.mul(idx, I.ci64(8)), align=8)
+    return I.extract(pair, 0), I.extract(pair, 1)
+
+
+def _partial_values(a, r, part, head, block, group: int) -> list:
+    idx = I.add(I.mul(I.add(I.mul(I.add(I.mul(I.zext64(r), I.zext64(a.num_partitions)),
+                                        I.zext64(part)), I.ci64(group)), I.zext64(head)),
+                      I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
+    words = []
+    for k in range(4):
+        chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.partial_out),
+                       I.add(I.mul(idx, I.ci64(2)), I.ci64(16 * k)), align=16)
+        words += [I.extract(chunk, e) for e in range(4)]
+    return N.bf16_words_to_f32(words)
+
+
+def _body(spec: Specialization, a) -> None:
+    lane = I.thread_id()
+    r = I.block_id("x")
+    head, block = I.lshr(lane, I.ci32(2)), I.band(lane, I.ci32(3))
+    with I.when(I.lt(head, I.ci32(spec.group))):
+        def find_max(p, carried):
+            m, total = _stats(a, r, p, head, spec.group)
+            return [I.select(I.fgt(total, I.cf32(0.0)), I.fmax(carried[0], m), carried[0])]
+
+        top = I.loop(I.ci32(0), a.num_partitions, [I.cf32(I.NEG_INF)], find_max)[0]
+
+        def accumulate(p, carried):
+            m, total = _stats(a, r, p, head, spec.group)
+            weight = I.select(I.fgt(total, I.cf32(0.0)), I.fmul(I.exp2(I.fsub(m, top)), total),
+                              I.cf32(0.0))
+            values = _partial_values(a, r, p, head, block, spec.group)
+            acc = [I.fadd(x, I.fmul(weight, v)) for x, v in zip(carried[1:], values, strict=True)]
+            return [I.fadd(carried[0], weight), *acc]
+
+        init = [I.cf32(0.0)] * 33
+        total, *acc = I.loop(I.ci32(0), a.num_partitions, init, accumulate)
+        nonzero = I.fgt(total, I.cf32(0.0))
+        safe = I.select(nonzero, total, I.cf32(1.0))
+        values = [I.select(nonzero, I.fdiv(x, safe), I.cf32(0.0)) for x in acc]
+        row_head = I.add(I.mul(r, I.ci32(spec.group)), head)
+        store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
+
+
+class _Args:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+def build(spec: Specialization):
+    """The ``@flyc.jit`` launcher of one attention_merge specialization."""
+    assert spec.op == "attention_merge"
+
+    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
+    def kernel(partial_out: fx.Pointer, partial_stats: fx.Pointer, out: fx.Pointer,
+               out_aux: fx.Pointer, num_rows: fx.Int32, num_partitions: fx.Int32):
+        _body(spec, _Args(partial_out=partial_out, partial_stats=partial_stats, out=out,
+                          out_aux=out_aux, num_rows=num_rows, num_partitions=num_partitions))
+
+    @flyc.jit
+    def launch(partial_out: fx.Pointer, partial_stats: fx.Pointer, out: fx.Pointer,
+               out_aux: fx.Pointer, num_rows: fx.Int32, num_partitions: fx.Int32,
+               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+        kernel(partial_out, partial_stats, out, out_aux, num_rows, num_partitions).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return launch

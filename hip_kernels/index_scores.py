@@ -1,0 +1,268 @@
+"""FlyDSL kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §5, §15).
+
+``out[h, t, j] = fp32(max over live tokens k of Qe[t, h] . K[page(t, j), k]) * score_scale``
+with ``-inf`` where no token is live. One scaled MFMA per 16 tokens:
+``v_mfma_scale_f32_16x16x128_f8f6f4`` with **K as the fp4 A operand** (cbsz 4) and its e8m0
+byte as the A scale, **Q as the e4m3 B operand** (blgp 0) with B scale 127 (1.0). A bf16 Q is
+rounded to e4m3 in-kernel (saturating nearest-even, SPEC §15.2/15.4).
+
+Work split (4 waves of 64 lanes per workgroup):
+
+* a wave owns one column tile of 16 (row, head) columns (``16 / H`` rows times ``H`` heads)
+  and 4 consecutive blocks; the workgroup covers ``rows x blocks`` =
+  :func:`hip_kernels.abi.index_scores_tile` — prefill tiling: 4 column tiles share each page
+  (64 rows at H = 1), decode tiling: one column tile, 4 waves on different blocks;
+* the workgroup walks the distinct requests ("segments") of its rows; for each, every page it
+  needs is staged **still MXFP4** in LDS (8704 bytes per page, 16-byte cooperative copies)
+  and read back as the A operand (lane (g, i) holds token i's bytes 16g..16g+15 and its scale
+  byte g); columns of other requests are masked, so any row order is correct (repeats of a
+  request recompute identical values);
+* the causal mask is ``j*128 + k <= position``; pages past every row's reach are not loaded;
+  a page id outside ``[0, P)``, a padding row or a request outside ``[0, B)`` scores ``-inf``;
+* per column the 4 block maxima are reduced across the 4 lane groups and stored merged: the
+  4 lanes of a column write 4 consecutive floats (16 contiguous bytes of the output row).
+
+Accumulator layout assumed (16x16 MFMA): lane ``l`` holds ``D[4*(l//16) + v][l % 16]``.
+Kernarg layout: :data:`hip_kernels.abi.INDEX_SCORES_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+"""
+
+# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+
+from hip_kernels import _ir as I
+from hip_kernels import _numerics as N
+from hip_kernels.abi import BLOCKS_PER_WAVE, TILINGS, Specialization, index_scores_tile
+
+PAGE_BYTES = 8704
+SCALE_OFFSET = 8192
+PAGE_CHUNKS = PAGE_BYTES // 16
+THREADS = 256
+
+
+class _Geometry:
+    """Compile-time shape of one specialization."""
+
+    def __init__(self, spec: Specialization) -> None:
+        self.q = spec.q
+        self.heads = spec.heads
+        self.col_tiles, self.block_waves = TILINGS[spec.tiling]
+        self.rows, self.blocks = index_scores_tile(spec)
+        self.rows_per_tile = 16 // spec.heads
+        self.threads_per_page = THREADS // self.block_waves
+
+
+class _Ctx:
+    """Per-lane values the kernel body shares between its helpers."""
+
+
+def _lane_setup(g: _Geometry, a) -> _Ctx:
+    c = _Ctx()
+    c.tid = I.thread_id()
+    c.wave = I.uniform(I.lshr(c.tid, I.ci32(6)))
+    c.lane = I.band(c.tid, I.ci32(63))
+    c.grp = I.lshr(c.lane, I.ci32(4))
+    c.col = I.band(c.lane, I.ci32(15))
+    c.col_tile = I.srem(c.wave, I.ci32(g.col_tiles))
+    c.bwave = I.sdiv(c.wave, I.ci32(g.col_tiles))
+    c.row0 = I.mul(I.block_id("x"), I.ci32(g.rows))
+    c.jstep = I.mul(I.block_id("y"), I.ci32(g.blocks))
+    c.head = I.srem(c.col, I.ci32(g.heads))
+    local = I.add(I.mul(c.col_tile, I.ci32(g.rows_per_tile)), I.sdiv(c.col, I.ci32(g.heads)))
+    c.t = I.add(c.row0, local)
+    c.t_ok = I.lt(c.t, a.num_rows)
+    c.t_safe = I.select(c.t_ok, c.t, I.ci32(0))
+    pos = _load_i32(a.positions, c.t_safe)
+    req = _load_i32(a.requests, c.t_safe)
+    live = I.land(c.t_ok, I.land(I.ge(pos, I.ci32(0)),
+                                 I.land(I.ge(req, I.ci32(0)), I.lt(req, a.num_requests))))
+    c.pos = pos
+    c.key = I.select(live, req, I.ci32(-1))
+    c.dead = I.land(c.t_ok, I.lnot(live))
+    return c
+
+
+def _load_i32(arg, index):
+    return I.load(I.i32(), I.global_ptr(arg), I.mul(I.zext64(index), I.ci64(4)), align=4)
+
+
+def _row_key(a, t):
+    """(request if row ``t`` is live else -1, position), uniform scalars of row ``t``."""
+    ok = I.lt(t, a.num_rows)
+    t_safe = I.select(ok, t, I.ci32(0))
+    pos = I.uniform(_load_i32(a.positions, t_safe))
+    req = I.uniform(_load_i32(a.requests, t_safe))
+    live = I.land(ok, I.land(I.ge(pos, I.ci32(0)),
+                             I.land(I.ge(req, I.ci32(0)), I.lt(req, a.num_requests))))
+    return I.select(live, req, I.ci32(-1)), I.select(live, pos, I.ci32(-1))
+
+
+def _max_position(g: _Geometry, a, c: _Ctx):
+    """Largest live position among the workgroup's rows (-1 if none), uniform."""
+    def body(r, carried):
+        _, pos = _row_key(a, I.add(c.row0, r))
+        return [I.smax(carried[0], pos)]
+
+    return I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-1)], body)[0]
+
+
+def _query_operand(g: _Geometry, a, c: _Ctx):
+    """This lane's e4m3 B operand: column (t, h), K elements 16g..16g+15 then 64+16g..+15."""
+    elem = I.mul(I.add(I.mul(I.zext64(c.t_safe), I.ci64(g.heads)), I.zext64(c.head)), I.ci64(128))
+    first = I.zext64(I.mul(c.grp, I.ci32(16)))
+    words = []
+    for half in range(2):
+        start = I.add(elem, I.add(first, I.ci64(64 * half)))
+        if g.q == "e4m3":
+            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), start, align=16)
+            words += [I.extract(chunk, e) for e in range(4)]
+        else:
+            bf = []
+            for k in range(2):
+                at = I.add(I.mul(start, I.ci64(2)), I.ci64(16 * k))
+                chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), at, align=16)
+                bf += [I.extract(chunk, e) for e in range(4)]
+            words += N.pack_e4m3(N.bf16_words_to_f32(bf))
+    return I.from_elements(I.vec(8, I.i32()), words)
+
+
+def _page_of(a, key, j):
+    """(page id, page usable) of block ``j`` of request ``key`` (uniform)."""
+    inside = I.lt(j, a.num_blocks)
+    column = I.zext64(I.select(inside, j, I.ci32(0)))
+    at = I.add(I.mul(I.zext64(key), I.zext64(a.table_width)), column)
+    page = I.uniform(I.load(I.i32(), I.global_ptr(a.block_table), I.mul(at, I.ci64(4)), align=4))
+    ok = I.land(inside, I.land(I.ge(page, I.ci32(0)), I.lt(page, a.num_pages)))
+    return page, ok
+
+
+def _stage_pages(g: _Geometry, a, c: _Ctx, lds, key, u, maxpos) -> None:
+    """Copy this sub-step's pages (one per block wave) into LDS, MXFP4 as stored."""
+    slot = I.sdiv(c.tid, I.ci32(g.threads_per_page))
+    local = I.srem(c.tid, I.ci32(g.threads_per_page))
+    j = I.add(c.jstep, I.add(I.mul(I.uniform(slot), I.ci32(BLOCKS_PER_WAVE)), I.ci32(u)))
+    page, ok = _page_of(a, key, j)
+    wanted = I.land(ok, I.le(I.mul(j, I.ci32(128)), maxpos))
+    with I.when(wanted):
+        base = I.mul(I.zext64(page), I.ci64(PAGE_BYTES))
+        lds_base = I.mul(slot, I.ci32(PAGE_BYTES))
+        for k in range(-(-PAGE_CHUNKS // g.threads_per_page)):
+            chunk = I.add(local, I.ci32(k * g.threads_per_page))
+            in_page = I.lt(chunk, I.ci32(PAGE_CHUNKS))
+            if (k + 1) * g.threads_per_page <= PAGE_CHUNKS:
+                _copy_chunk(a, lds, base, lds_base, chunk)
+            else:
+                with I.when(in_page):
+                    _copy_chunk(a, lds, base, lds_base, chunk)
+
+
+def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
+    offset = I.mul(chunk, I.ci32(16))
+    data = I.load(I.vec(4, I.i32()), I.global_ptr(a.index_pool), I.add(base, I.zext64(offset)),
+                  align=16)
+    I.store(data, lds, I.add(lds_base, offset), align=16)
+
+
+def _score_block(lds, c: _Ctx, b_operand, owned, page_ok, j):
+    """Max over the page's live tokens of this lane's column, reduced over the lane groups."""
+    slot_base = I.mul(c.bwave, I.ci32(PAGE_BYTES))
+    best = I.cf32(I.NEG_INF)
+    limit = I.sub(c.pos, I.mul(j, I.ci32(128)))  # token k is live iff k <= limit
+    usable = I.land(owned, page_ok)
+    for m in range(8):
+        token = I.add(I.ci32(16 * m), c.col)
+        data_at = I.add(slot_base, I.add(I.mul(token, I.ci32(64)), I.mul(c.grp, I.ci32(16))))
+        a4 = I.load(I.vec(4, I.i32()), lds, data_at, align=16)
+        scale_at = I.add(slot_base, I.add(I.ci32(SCALE_OFFSET),
+                                          I.add(I.mul(token, I.ci32(4)), c.grp)))
+        scale = I.zext32(I.load(I.i8(), lds, scale_at, align=1))
+        d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
+                                   fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
+                                   scale_a=scale, scale_b=I.ci32(127))
+        for v in range(4):
+            k = I.add(I.ci32(16 * m + v), I.mul(c.grp, I.ci32(4)))
+            live = I.land(usable, I.le(k, limit))
+            best = I.fmax(best, I.select(live, I.extract(d, v), I.cf32(I.NEG_INF)))
+    best = I.fmax(best, I.lane_xor_f32(best, c.lane, 16))
+    return I.fmax(best, I.lane_xor_f32(best, c.lane, 32))
+
+
+def _store_scores(g: _Geometry, a, c: _Ctx, values, mask) -> None:
+    """Lane (g, i) stores ``values[g]`` for block ``jstep + 4*bwave + g`` of its column."""
+    value = values[0]
+    for k in range(1, BLOCKS_PER_WAVE):
+        value = I.select(I.eq(c.grp, I.ci32(k)), values[k], value)
+    j = I.add(c.jstep, I.add(I.mul(c.bwave, I.ci32(BLOCKS_PER_WAVE)), c.grp))
+    with I.when(I.land(mask, I.lt(j, a.num_blocks))):
+        row = I.add(I.mul(I.zext64(c.head), I.zext64(a.num_rows)), I.zext64(c.t))
+        at = I.add(I.mul(row, I.zext64(a.num_blocks)), I.zext64(j))
+        I.store(value, I.global_ptr(a.out), I.mul(at, I.ci64(4)), align=4)
+
+
+def _segment(g: _Geometry, a, c: _Ctx, lds, b_operand, key, maxpos) -> None:
+    """Score every block of this step for the columns of request ``key``."""
+    owned = I.eq(c.key, key)
+    maxima = []
+    for u in range(BLOCKS_PER_WAVE):
+        _stage_pages(g, a, c, lds, key, u, maxpos)
+        I.barrier()
+        j = I.add(c.jstep, I.add(I.mul(c.bwave, I.ci32(BLOCKS_PER_WAVE)), I.ci32(u)))
+        _, page_ok = _page_of(a, key, j)
+        best = _score_block(lds, c, b_operand, owned, page_ok, j)
+        maxima.append(I.fmul(best, a.score_scale))
+        I.barrier()
+    _store_scores(g, a, c, maxima, owned)
+
+
+def _body(g: _Geometry, a) -> None:
+    lds = I.lds_alloc(g.block_waves * PAGE_BYTES)
+    c = _lane_setup(g, a)
+    maxpos = _max_position(g, a, c)
+    reach = I.le(I.mul(c.jstep, I.ci32(128)), maxpos)
+    neg = [I.cf32(I.NEG_INF)] * BLOCKS_PER_WAVE
+    _store_scores(g, a, c, neg, I.land(c.t_ok, I.lor(c.dead, I.lnot(reach))))
+    with I.when(reach):
+        b_operand = _query_operand(g, a, c)
+
+        def row(r, carried):
+            key, _ = _row_key(a, I.add(c.row0, r))
+            with I.when(I.land(I.ge(key, I.ci32(0)), I.ne(key, carried[0]))):
+                _segment(g, a, c, lds, b_operand, key, maxpos)
+            return [key]
+
+        I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-2)], row)
+
+
+class _Args:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+def build(spec: Specialization):
+    """The ``@flyc.jit`` launcher of one index_scores specialization."""
+    assert spec.op == "index_scores"
+    geometry = _Geometry(spec)
+
+    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
+    def kernel(q: fx.Pointer, index_pool: fx.Pointer, block_table: fx.Pointer,
+               positions: fx.Pointer, requests: fx.Pointer, out: fx.Pointer, num_rows: fx.Int32,
+               num_pages: fx.Int32, num_requests: fx.Int32, table_width: fx.Int32,
+               num_blocks: fx.Int32, score_scale: fx.Float32):
+        _body(geometry, _Args(q=q, index_pool=index_pool, block_table=block_table,
+                              positions=positions, requests=requests, out=out,
+                              num_rows=num_rows, num_pages=num_pages,
+                              num_requests=num_requests, table_width=table_width,
+                              num_blocks=num_blocks, score_scale=score_scale))
+
+    @flyc.jit
+    def launch(q: fx.Pointer, index_pool: fx.Pointer, block_table: fx.Pointer,
+               positions: fx.Pointer, requests: fx.Pointer, out: fx.Pointer, num_rows: fx.Int32,
+               num_pages: fx.Int32, num_requests: fx.Int32, table_width: fx.Int32,
+               num_blocks: fx.Int32, score_scale: fx.Float32,
+               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+        kernel(q, index_pool, block_table, positions, requests, out, num_rows, num_pages,
+               num_requests, table_width, num_blocks, score_scale).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return launch

@@ -1,0 +1,339 @@
+"""FlyDSL kernel: sparse paged attention over MXFP4 K/V pages (SPEC §7, §8, §15.8–15.9).
+
+A workgroup is one (row, partition); row ``r = t * Hkv + h`` attends with q heads
+``h*G .. h*G+G-1`` (the 16 columns of the MFMA; columns >= G are computed and discarded)
+over the first ``ctx`` tokens of its pages. Its 4 waves take the partition's pages round robin.
+
+Per half page (64 tokens) a wave runs:
+
+* **QK**: 4 ``v_mfma_scale_f32_16x16x128_f8f6f4``, K the fp4 A operand read straight from the
+  page (lane (g, i): token i's bytes 16g..16g+15, scale byte g as the A scale), Q the e4m3 B
+  operand. An e4m3 query is used as stored (B scale 127). A bf16 query row is normalized:
+  ``q_scale = max(amax/448, FLT_MIN)``, ``q8 = e4m3(q / q_scale)``; the exponent of
+  ``q_scale`` is the B scale and its mantissa (in [1, 2)) multiplies the logits, so the
+  accumulator never exceeds the logit (SPEC §15.9).
+* **softmax**, base 2: scores ``s = acc * mantissa * sm_scale * log2(e)``; tokens at or past
+  ``ctx``, and every token of a page id outside ``[0, P)``, score ``-inf`` and get a zero V
+  scale (garbage and e8m0 0/255 cannot leak); running max per q head, per-lane partial sums.
+* **PV**: V widened exactly to bf16 (e2m1 via ``v_cvt_scalef32_pk_f32_fp4`` at scale 1, times
+  the exact fp32 e8m0 value, truncated) into a wave-private transposed LDS tile
+  ``[128 dims][32 tokens]``; 16 ``v_mfma_f32_16x16x32_bf16`` with P (bf16, pre-scaled by 2**-12
+  so the fp32 sum of a partition cannot overflow) as the A operand, straight from the QK
+  accumulators: the k slots of lane group g are tokens ``4g..4g+3`` and ``16+4g..16+4g+3``
+  of each 32-token step, and the V^T reads use the same order.
+
+The 4 waves then merge ``(m, l, O)`` through LDS. ``direct`` kernels (one partition) write the
+final bf16 output or its MXFP8 quantization (SPEC §8, fused epilogue); ``split`` kernels write
+the partition's ``(m, l)`` and ``O/l`` (bf16) for :mod:`hip_kernels.attention_merge`.
+
+Kernarg layout: :data:`hip_kernels.abi.SPARSE_ATTENTION_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+"""
+
+# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import rocdl
+
+from hip_kernels import _ir as I
+from hip_kernels import _numerics as N
+from hip_kernels.abi import Specialization
+from hip_kernels.attention_merge import store_output_block
+
+PAGE_BYTES = 8704
+SCALE_OFFSET = 8192
+THREADS = 256
+WAVES = 4
+VT_ROW = 72  # bytes per dim row of the V^T tile: 32 bf16 tokens + 8 bytes of padding
+WAVE_LDS = 128 * VT_ROW  # 9216 >= the 16 x 128 fp32 O tile the merge stores there
+STATS_LDS = WAVES * 16 * 2 * 4
+P_PRESCALE = 2.0**-12
+LOG2E = 1.4426950408889634
+FLT_MIN = 1.1754943508222875e-38
+
+
+class _Ctx:
+    """Per-lane values the kernel body shares between its helpers."""
+
+
+def _setup(spec: Specialization, a) -> _Ctx:
+    c = _Ctx()
+    c.tid = I.thread_id()
+    c.wave = I.uniform(I.lshr(c.tid, I.ci32(6)))
+    c.lane = I.band(c.tid, I.ci32(63))
+    c.grp = I.lshr(c.lane, I.ci32(4))
+    c.col = I.band(c.lane, I.ci32(15))
+    c.row = I.block_id("x")
+    c.part = I.block_id("y")
+    c.head = I.srem(c.row, a.num_kv_heads)
+    capacity = I.mul(a.pages_per_row, I.ci32(128))
+    ctx = I.uniform(I.load(I.i32(), I.global_ptr(a.context_lens), I.mul(I.zext64(c.row), I.ci64(4)),
+                           align=4))
+    c.ctx = I.smin(I.smax(ctx, I.ci32(0)), capacity)
+    needed = I.lshr(I.add(c.ctx, I.ci32(127)), I.ci32(7))
+    per_part = I.ceil_div(a.pages_per_row, a.num_partitions)
+    c.first = I.mul(c.part, per_part)
+    c.last = I.smin(I.add(c.first, per_part), needed)
+    return c
+
+
+def _query(spec: Specialization, a, c: _Ctx):
+    """(B operand vector<8xi32>, B scale byte, per-column logit factor) of this lane."""
+    qhead = I.select(I.lt(c.col, I.ci32(spec.group)), c.col, I.ci32(0))
+    elem = I.mul(I.add(I.mul(I.zext64(c.row), I.ci64(spec.group)), I.zext64(qhead)), I.ci64(128))
+    first = I.zext64(I.mul(c.grp, I.ci32(16)))
+    base_factor = I.fmul(a.sm_scale, I.cf32(LOG2E))
+    if spec.q == "e4m3":
+        words = []
+        for half in range(2):
+            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q),
+                           I.add(elem, I.add(first, I.ci64(64 * half))), align=16)
+            words += [I.extract(chunk, e) for e in range(4)]
+        return I.from_elements(I.vec(8, I.i32()), words), I.ci32(127), base_factor
+    bf = []
+    for half in range(2):
+        start = I.mul(I.add(elem, I.add(first, I.ci64(64 * half))), I.ci64(2))
+        for k in range(2):
+            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), I.add(start, I.ci64(16 * k)),
+                           align=16)
+            bf += [I.extract(chunk, e) for e in range(4)]
+    values = N.bf16_words_to_f32(bf)
+    amax = I.ci32(0)
+    for v in values:
+        amax = I.umax(amax, I.band(I.f32_bits(v), I.ci32(0x7FFFFFFF)))
+    amax = I.f32_from_bits(amax)
+    amax = I.fmax(amax, I.lane_xor_f32(amax, c.lane, 16))
+    amax = I.fmax(amax, I.lane_xor_f32(amax, c.lane, 32))
+    q_scale = I.fmax(I.fdiv(amax, I.cf32(N.E4M3_MAX)), I.cf32(FLT_MIN))
+    words = N.pack_e4m3([I.fdiv(v, q_scale) for v in values])
+    bits = I.f32_bits(q_scale)
+    byte = I.band(I.lshr(bits, I.ci32(23)), I.ci32(0xFF))
+    mantissa = I.f32_from_bits(I.bor(I.band(bits, I.ci32(0x7FFFFF)), I.ci32(0x3F800000)))
+    return I.from_elements(I.vec(8, I.i32()), words), byte, I.fmul(mantissa, base_factor)
+
+
+def _page(a, c: _Ctx, k):
+    """(byte offset of the (page, kv head) in the pools, page usable) of page slot ``k``."""
+    at = I.add(I.mul(I.zext64(c.row), I.zext64(a.pages_per_row)), I.zext64(k))
+    page = I.uniform(I.load(I.i32(), I.global_ptr(a.page_table), I.mul(at, I.ci64(4)), align=4))
+    ok = I.land(I.ge(page, I.ci32(0)), I.lt(page, a.num_pages))
+    safe = I.select(ok, page, I.ci32(0))
+    base = I.mul(I.add(I.mul(I.zext64(safe), I.zext64(a.num_kv_heads)), I.zext64(c.head)),
+                 I.ci64(PAGE_BYTES))
+    return base, ok
+
+
+def _scores(a, c: _Ctx, q, base, ok, k, half) -> list:
+    """Base-2 scores of this lane over half page ``half`` (64 tokens): 4 tiles x 4 tokens
+    (``16m + 4g + v``, m = 4*half .. 4*half+3) for q head ``col``."""
+    b_operand, b_scale, factor = q
+    limit = I.select(ok, I.sub(c.ctx, I.mul(k, I.ci32(128))), I.ci32(0))  # live iff token < limit
+    out = []
+    for tile in range(4):
+        m = I.add(I.mul(half, I.ci32(4)), I.ci32(tile))
+        token = I.add(I.mul(m, I.ci32(16)), c.col)
+        data_at = I.add(base, I.zext64(I.add(I.mul(token, I.ci32(64)), I.mul(c.grp, I.ci32(16)))))
+        a4 = I.load(I.vec(4, I.i32()), I.global_ptr(a.k_pool), data_at, align=16)
+        scale_at = I.add(base, I.zext64(I.add(I.ci32(SCALE_OFFSET),
+                                              I.add(I.mul(token, I.ci32(4)), c.grp))))
+        a_scale = I.zext32(I.load(I.i8(), I.global_ptr(a.k_pool), scale_at, align=1))
+        d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
+                                   fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
+                                   scale_a=a_scale, scale_b=b_scale)
+        for v in range(4):
+            tok = I.add(I.add(I.mul(m, I.ci32(16)), I.ci32(v)), I.mul(c.grp, I.ci32(4)))
+            s = I.fmul(I.extract(d, v), factor)
+            out.append(I.select(I.lt(tok, limit), s, I.cf32(I.NEG_INF)))
+    return out
+
+
+def _stage_v(a, c: _Ctx, lds_wave, base, ok, k, step) -> None:
+    """Widen 32 tokens of V (step ``step``) to bf16 and store them transposed in LDS: lane
+    (quad, dgroup) handles tokens ``4*quad .. +3`` and dims ``16*dgroup .. +15``, two tokens at
+    a time (one 32-bit LDS word per dim)."""
+    quad, dgroup = I.band(c.lane, I.ci32(7)), I.lshr(c.lane, I.ci32(3))
+    limit = I.select(ok, I.sub(c.ctx, I.mul(k, I.ci32(128))), I.ci32(0))
+    for pair in range(2):
+        columns = []
+        for s in range(2 * pair, 2 * pair + 2):
+            tok = I.add(I.add(I.mul(step, I.ci32(32)), I.ci32(s)), I.mul(quad, I.ci32(4)))
+            data_at = I.add(base, I.zext64(I.add(I.mul(tok, I.ci32(64)), I.mul(dgroup, I.ci32(8)))))
+            words = I.load(I.vec(2, I.i32()), I.global_ptr(a.v_pool), data_at, align=8)
+            scale_at = I.add(base, I.zext64(I.add(I.ci32(SCALE_OFFSET), I.add(
+                I.mul(tok, I.ci32(4)), I.lshr(dgroup, I.ci32(1))))))
+            byte = I.zext32(I.load(I.i8(), I.global_ptr(a.v_pool), scale_at, align=1))
+            scale = I.select(I.lt(tok, limit), I.e8m0_to_f32(byte), I.cf32(0.0))
+            vals = N.e2m1_word_to_f32(I.extract(words, 0)) + N.e2m1_word_to_f32(I.extract(words, 1))
+            columns.append([I.lshr(I.f32_bits(I.fmul(v, scale)), I.ci32(16)) for v in vals])
+        for e in range(16):
+            word = I.bor(columns[0][e], I.shl(columns[1][e], I.ci32(16)))
+            at = I.add(I.mul(I.add(I.mul(dgroup, I.ci32(16)), I.ci32(e)), I.ci32(VT_ROW)),
+                       I.add(I.mul(quad, I.ci32(8)), I.ci32(4 * pair)))
+            I.store(word, lds_wave, at, align=4)
+    rocdl.s_waitcnt(lgkmcnt=0)
+
+
+def _pv_step(c: _Ctx, lds_wave, a_operand, acc: list) -> list:
+    """O += P[:, 32 tokens] x V[32 tokens, 128 dims] (8 bf16 MFMAs)."""
+    out = []
+    for dt in range(8):
+        row = I.add(I.ci32(16 * dt), c.col)
+        at = I.add(I.mul(row, I.ci32(VT_ROW)), I.mul(c.grp, I.ci32(8)))
+        lo = I.load(I.vec(2, I.i32()), lds_wave, at, align=8)
+        hi = I.load(I.vec(2, I.i32()), lds_wave, I.add(at, I.ci32(32)), align=8)
+        b_operand = I.vbitcast(I.vec(8, I.bf16()), I.concat(lo, hi))
+        out.append(I.mfma_bf16_16x16x32(a_operand, b_operand, acc[dt]))
+    rocdl.s_waitcnt(lgkmcnt=0)
+    return out
+
+
+def _row_values(x, c: _Ctx) -> list:
+    """Per-q-head value ``x`` (held by lane ``head``) for O rows ``4g + v``, v = 0..3."""
+    return [I.lane_read_f32(x, I.add(I.mul(c.grp, I.ci32(4)), I.ci32(v))) for v in range(4)]
+
+
+def _page_update(spec, a, c: _Ctx, q, lds_wave, k, half, state) -> list:
+    """Online softmax and PV over half ``half`` (64 tokens) of page slot ``k``;
+    ``state = [m, l, O0..O7]``."""
+    m_old, l_old, acc = state[0], state[1], state[2:]
+    base, ok = _page(a, c, k)
+    scores = _scores(a, c, q, base, ok, k, half)
+    page_max = scores[0]
+    for s in scores[1:]:
+        page_max = I.fmax(page_max, s)
+    page_max = I.fmax(page_max, I.lane_xor_f32(page_max, c.lane, 16))
+    page_max = I.fmax(page_max, I.lane_xor_f32(page_max, c.lane, 32))
+    m_new = I.fmax(m_old, page_max)
+    m_use = I.select(I.feq(m_new, I.cf32(I.NEG_INF)), I.cf32(0.0), m_new)
+    alpha = I.exp2(I.fsub(m_old, m_use))
+    probs = [I.exp2(I.fsub(s, m_use)) for s in scores]
+    total = I.fmul(l_old, alpha)
+    for p in probs:
+        total = I.fadd(total, p)
+    alphas = _row_values(alpha, c)
+    acc = [I.from_elements(I.vec(4, I.f32()),
+                           [I.fmul(I.extract(o, v), alphas[v]) for v in range(4)]) for o in acc]
+    scaled = [I.fmul(p, I.cf32(P_PRESCALE)) for p in probs]
+    operands = [N.pack_bf16_vec8(scaled[8 * step : 8 * step + 8]) for step in range(2)]
+    for step in range(2):
+        _stage_v(a, c, lds_wave, base, ok, k, I.add(I.mul(half, I.ci32(2)), I.ci32(step)))
+        acc = _pv_step(c, lds_wave, operands[step], acc)
+    return [m_new, total, *acc]
+
+
+def _merge_waves(spec, a, c: _Ctx, lds, stats, state) -> None:
+    """Combine the 4 waves' (m, l, O) and store the direct output or the split partial."""
+    m, l_lane, acc = state[0], state[1], state[2:]
+    total = I.fadd(l_lane, I.lane_xor_f32(l_lane, c.lane, 16))
+    total = I.fadd(total, I.lane_xor_f32(total, c.lane, 32))
+    lds_wave = I.gep(lds, I.mul(c.wave, I.ci32(WAVE_LDS)))
+    with I.when(I.eq(c.grp, I.ci32(0))):
+        at = I.mul(I.add(I.mul(c.wave, I.ci32(16)), c.col), I.ci32(8))
+        I.store(I.from_elements(I.vec(2, I.f32()), [m, total]), stats, at, align=8)
+    for dt in range(8):
+        for v in range(4):
+            qh = I.add(I.mul(c.grp, I.ci32(4)), I.ci32(v))
+            at = I.mul(I.add(I.mul(qh, I.ci32(128)), I.add(I.ci32(16 * dt), c.col)), I.ci32(4))
+            I.store(I.extract(acc[dt], v), lds_wave, at, align=4)
+    I.barrier()
+    qhead, block = I.lshr(c.lane, I.ci32(2)), I.band(c.lane, I.ci32(3))
+    with I.when(I.land(I.eq(c.wave, I.ci32(0)), I.lt(qhead, I.ci32(spec.group)))):
+        _epilogue(spec, a, c, lds, stats, qhead, block)
+
+
+def _epilogue(spec, a, c: _Ctx, lds, stats, qhead, block) -> None:
+    ms, ls = [], []
+    for w in range(WAVES):
+        pair = I.load(I.vec(2, I.f32()), stats, I.mul(I.add(I.ci32(16 * w), qhead), I.ci32(8)),
+                      align=8)
+        ms.append(I.extract(pair, 0))
+        ls.append(I.extract(pair, 1))
+    top = I.cf32(I.NEG_INF)
+    for m, sm in zip(ms, ls, strict=True):
+        top = I.select(I.fgt(sm, I.cf32(0.0)), I.fmax(top, m), top)
+    weights = [I.select(I.fgt(sm, I.cf32(0.0)), I.exp2(I.fsub(m, top)), I.cf32(0.0))
+               for m, sm in zip(ms, ls, strict=True)]
+    total = I.cf32(0.0)
+    for wgt, sm in zip(weights, ls, strict=True):
+        total = I.fadd(total, I.fmul(wgt, sm))
+    nonzero = I.fgt(total, I.cf32(0.0))
+    safe = I.select(nonzero, total, I.cf32(1.0))
+    values = []
+    for chunk in range(8):
+        rocdl.sched_barrier(0)  # one 4-dim chunk of the 4 waves' O at a time (register pressure)
+        o = [I.cf32(0.0)] * 4
+        for w in range(WAVES):
+            dim = I.add(I.mul(block, I.ci32(32)), I.ci32(4 * chunk))
+            elem = I.add(I.mul(qhead, I.ci32(128)), dim)
+            at = I.add(I.ci32(w * WAVE_LDS), I.mul(elem, I.ci32(4)))
+            four = I.load(I.vec(4, I.f32()), lds, at, align=16)
+            o = [I.fadd(o[e], I.fmul(weights[w], I.extract(four, e))) for e in range(4)]
+        for e in range(4):
+            restored = I.fmul(I.fdiv(o[e], safe), I.cf32(1.0 / P_PRESCALE))
+            values.append(I.select(nonzero, restored, I.cf32(0.0)))
+    row_head = I.add(I.mul(c.row, I.ci32(spec.group)), qhead)
+    if spec.path == "direct":
+        store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
+        return
+    _store_partial(spec, a, c, qhead, block, values, I.select(nonzero, top, I.cf32(I.NEG_INF)),
+                   total)
+
+
+def _store_partial(spec, a, c: _Ctx, qhead, block, values, top, total) -> None:
+    slot = I.add(I.mul(I.add(I.mul(I.zext64(c.row), I.zext64(a.num_partitions)), I.zext64(c.part)),
+                       I.ci64(spec.group)), I.zext64(qhead))
+    store_output_block("bf16", a.out, None, I.trunc32(slot), block, values)
+    with I.when(I.eq(block, I.ci32(0))):
+        I.store(I.from_elements(I.vec(2, I.f32()), [top, total]), I.global_ptr(a.out_aux),
+                I.mul(slot, I.ci64(8)), align=8)
+
+
+def _body(spec: Specialization, a) -> None:
+    lds = I.lds_alloc(WAVES * WAVE_LDS + STATS_LDS)
+    stats = I.gep(lds, I.ci32(WAVES * WAVE_LDS))
+    c = _setup(spec, a)
+    q = _query(spec, a, c)
+    lds_wave = I.gep(lds, I.mul(c.wave, I.ci32(WAVE_LDS)))
+    mine = I.sub(c.last, I.add(c.first, c.wave))
+    count = I.select(I.gt(mine, I.ci32(0)), I.ceil_div(mine, I.ci32(WAVES)), I.ci32(0))
+
+    def page(i, state):
+        k = I.add(I.add(c.first, c.wave), I.mul(I.lshr(i, I.ci32(1)), I.ci32(WAVES)))
+        return _page_update(spec, a, c, q, lds_wave, k, I.band(i, I.ci32(1)), state)
+
+    init = [I.cf32(I.NEG_INF), I.cf32(0.0)] + [I.zeros_f32x4() for _ in range(8)]
+    state = I.loop(I.ci32(0), I.mul(count, I.ci32(2)), init, page)
+    _merge_waves(spec, a, c, lds, stats, state)
+
+
+class _Args:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+def build(spec: Specialization):
+    """The ``@flyc.jit`` launcher of one sparse_attention specialization."""
+    assert spec.op == "sparse_attention"
+
+    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
+    def kernel(q: fx.Pointer, k_pool: fx.Pointer, v_pool: fx.Pointer, page_table: fx.Pointer,
+               context_lens: fx.Pointer, out: fx.Pointer, out_aux: fx.Pointer,
+               num_rows: fx.Int32, num_kv_heads: fx.Int32, num_pages: fx.Int32,
+               pages_per_row: fx.Int32, num_partitions: fx.Int32, sm_scale: fx.Float32):
+        _body(spec, _Args(q=q, k_pool=k_pool, v_pool=v_pool, page_table=page_table,
+                          context_lens=context_lens, out=out, out_aux=out_aux, num_rows=num_rows,
+                          num_kv_heads=num_kv_heads, num_pages=num_pages,
+                          pages_per_row=pages_per_row, num_partitions=num_partitions,
+                          sm_scale=sm_scale))
+
+    @flyc.jit
+    def launch(q: fx.Pointer, k_pool: fx.Pointer, v_pool: fx.Pointer, page_table: fx.Pointer,
+               context_lens: fx.Pointer, out: fx.Pointer, out_aux: fx.Pointer,
+               num_rows: fx.Int32, num_kv_heads: fx.Int32, num_pages: fx.Int32,
+               pages_per_row: fx.Int32, num_partitions: fx.Int32, sm_scale: fx.Float32,
+               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
+        kernel(q, k_pool, v_pool, page_table, context_lens, out, out_aux, num_rows, num_kv_heads,
+               num_pages, pages_per_row, num_partitions, sm_scale).launch(
+            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    return launch
