@@ -247,10 +247,11 @@ def add_arguments(parser) -> None:
 
 
 def run_from_args(args) -> int:
-    if args.device != "cpu":
-        print("only the CPU table exists so far (the GPU kernels come with their issue)",
-              file=sys.stderr)
-        return 2
+    if args.device == "gpu":
+        from jax_mxfp4 import bench_gpu
+
+        print(bench_gpu.run(args.quick, args.repeats, not args.no_reference))
+        return 0
     with jax.default_device(jax.devices("cpu")[0]):
         results = run_cells(cpu_cells(args.quick), repeats=args.repeats,
                             reference=not args.no_reference)

@@ -24,6 +24,8 @@ def lowering_table() -> list[tuple[str, str, str]]:
 def describe(impl: str) -> str:
     if impl.startswith("ffi:"):
         return f"C++ XLA FFI handler ({impl[4:]})"
+    if impl.startswith("triton:"):
+        return f"Triton kernel ({impl[7:]}) via the GPU launcher"
     return "reference lowering (plain jax.numpy)"
 
 

@@ -5,7 +5,8 @@ Each operation is two primitives:
 * the **operation primitive** (``mxfp4_index_scores``...), what user code binds: its abstract
   eval validates operands and options; its batching rule folds a vmapped axis into the
   kernel's own rows / requests / pages; it lowers through ``custom_partitioning`` so that a
-  sharded call runs per shard, following a Shardy sharding rule;
+  sharded call runs per shard, following a Shardy sharding rule (``_sharding``: global ids,
+  made local per shard, so that data-parallel shards need no communication);
 * the **kernel primitive** (``mxfp4_index_scores_kernel``), bound per shard on local shapes:
   it lowers to the platform's kernel (the C++ FFI handler on the CPU) or to the reference
   ``jax.numpy`` implementation (other platforms until their kernels land, and everywhere under
@@ -24,37 +25,20 @@ from typing import Any
 
 import jax
 from jax._src import dispatch
+from jax._src.sharding_impls import GSPMDSharding, SPMDAxisContext
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from jax_mxfp4.ffi_targets import register_cpu_targets
+from jax_mxfp4.primitives._sharding import ShardingRule, plan, shift_ids
 
 Params = tuple[tuple[str, Any], ...]
 
 
 def freeze(**params: Any) -> Params:
     return tuple(sorted(params.items()))
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardingRule:
-    """Which operand and result dims may be sharded, in Shardy's einsum-like notation.
-
-    ``operands`` / ``results``: one string of space-separated factors per array (a factor is a
-    name, or ``(a b)`` for a dim made of two factors, the first the major one).
-    ``replicated``: factors that must not be sharded (the kernel needs their whole extent).
-    ``sizes``: sizes of factors that appear only inside compound dims.
-    """
-
-    operands: tuple[str, ...]
-    results: tuple[str, ...]
-    replicated: tuple[str, ...] = ()
-    sizes: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    def einsum(self) -> str:
-        return ", ".join(self.operands) + " -> " + ", ".join(self.results)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +54,10 @@ class Operation:
     sharding: Callable[[Sequence[tuple[int, ...]]], ShardingRule]  # operand shapes -> rule
     multiple_results: bool = False
     aliases: dict[int, int] | None = None  # operand -> result buffer aliasing
+    # GPU lowering (CUDA, ROCm): (ctx, *args, **params) -> results; Triton kernels launched
+    # through the generic launcher (jax_mxfp4.gpu.lowering). None: the reference lowering.
+    gpu_lowering: Callable | None = None
+    gpu_kernel: str | None = None  # the Triton kernel's name, for `implementation`
 
 
 OPERATIONS: list[Operation] = []
@@ -77,11 +65,35 @@ OPERATIONS: list[Operation] = []
 
 
 def implementation(op: Operation, platform: str, backend: str) -> str:
-    """What ``op`` lowers to on ``platform``: ``"ffi:<target>"`` or ``"reference"``."""
+    """What ``op`` lowers to on ``platform``: ``"ffi:<target>"``, ``"triton:<kernel>"`` or
+    ``"reference"``."""
     if backend != "reference" and platform == "cpu" and op.cpu_target is not None:
         if op.cpu_target in register_cpu_targets():
             return f"ffi:{op.cpu_target}"
+    gpu = platform in GPU_PLATFORMS or platform == "gpu"  # jax.Device.platform says "gpu"
+    if backend != "reference" and gpu and op.gpu_lowering is not None:
+        from jax_mxfp4.gpu.lowering import available
+
+        if available():
+            return f"triton:{op.gpu_kernel}"
     return "reference"
+
+
+GPU_PLATFORMS = ("cuda", "rocm")
+"""Platforms whose kernel primitives lower to the Triton kernels (``_gpu_lowering``)."""
+
+
+def _gpu_lowering(op: Operation, platform: str) -> Callable:
+    """The GPU rule: our Triton kernels through the generic launcher, or the reference
+    lowering under ``backend="reference"`` or where Triton / the launcher is missing."""
+    reference_rule = _reference_lowering(op)
+
+    def rule(ctx, *args, backend, **params):
+        if implementation(op, platform, backend) == "reference":
+            return reference_rule(ctx, *args, backend=backend, **params)
+        return op.gpu_lowering(ctx, *args, **params)
+
+    return rule
 
 
 def _reference_lowering(op: Operation) -> Callable:
@@ -104,40 +116,23 @@ def _cpu_lowering(op: Operation) -> Callable:
     return rule
 
 
-def _result_specs(rule: ShardingRule, arg_specs: Sequence[PartitionSpec]) -> list[PartitionSpec]:
-    """Each result dim takes the sharding of the first operand dim made of the same factors,
-    or of the same leading factors (a result ``(h g d)`` follows an operand ``(h g)``)."""
-    dim_spec: dict[tuple[str, ...], Any] = {}
-    for dims, spec in zip(rule.operands, arg_specs, strict=True):
-        for dim, axis in zip(_dims(dims), tuple(spec) + (None,) * len(_dims(dims)), strict=False):
-            dim_spec.setdefault(_factors(dim), axis)
-
-    def spec_of(dim: str) -> Any:
-        names = _factors(dim)
-        for length in range(len(names), 0, -1):
-            if names[:length] in dim_spec:
-                return dim_spec[names[:length]]
-        return None
-
-    return [PartitionSpec(*(spec_of(d) for d in _dims(dims))) for dims in rule.results]
+def _replicated_partition(per_shard, params, mesh, arg_shapes, result_shape):
+    """``custom_partitioning``'s answer where the operands' shardings name no mesh axes
+    (mesh-less ``GSPMDSharding``s): run the kernel on whole operands, which is always
+    correct (XLA gathers what it must)."""
+    whole = GSPMDSharding.get_replicated(arg_shapes[0].sharding._device_assignment)
+    many = isinstance(result_shape, (list, tuple))
+    results = [whole] * len(result_shape) if many else whole
+    return mesh, partial(per_shard, params), results, tuple(whole for _ in arg_shapes)
 
 
-def _factors(dim: str) -> tuple[str, ...]:
-    return tuple(dim.strip("()").split())
-
-
-def _dims(dims: str) -> list[str]:
-    """``"t (h g) d"`` -> ``["t", "(h g)", "d"]``."""
-    out, depth, word = [], 0, ""
-    for ch in dims + " ":
-        if ch == " " and depth == 0:
-            if word:
-                out.append(word)
-            word = ""
-            continue
-        depth += (ch == "(") - (ch == ")")
-        word += ch
-    return out
+def _partly_manual(ctx) -> bool:
+    """Whether ``ctx`` lowers the body of a ``shard_map`` manual over some, not all, axes."""
+    axis_context = ctx.module_context.axis_context
+    if not isinstance(axis_context, SPMDAxisContext):
+        return False
+    manual = set(axis_context.manual_axes)
+    return bool(manual) and manual != set(axis_context.mesh.axis_names)
 
 
 def define(op: Operation) -> Primitive:
@@ -150,6 +145,9 @@ def define(op: Operation) -> Primitive:
     mlir.register_lowering(kernel, _reference_lowering(op))
     if op.cpu_target is not None:
         mlir.register_lowering(kernel, _cpu_lowering(op), platform="cpu")
+    if op.gpu_lowering is not None:
+        for platform in GPU_PLATFORMS:
+            mlir.register_lowering(kernel, _gpu_lowering(op, platform), platform=platform)
 
     def per_shard(params: Params, *args):
         return kernel.bind(*args, **dict(params))
@@ -159,27 +157,35 @@ def define(op: Operation) -> Primitive:
     def rule_for(shapes) -> ShardingRule:
         return op.sharding([tuple(s) for s in shapes])
 
-    def partition(params, mesh, arg_shapes, result_shape):
-        arg_shardings = tuple(a.sharding for a in arg_shapes)
+    def plan_for(arg_shapes):
+        """The kernel's operand and result shardings (see ``_sharding.plan``)."""
         rule = rule_for(a.shape for a in arg_shapes)
-        specs = _result_specs(rule, [s.spec for s in arg_shardings])
-        results = [NamedSharding(mesh, spec) for spec in specs]
+        return plan(rule, [a.sharding.spec for a in arg_shapes])
+
+    def partition(params, mesh, arg_shapes, result_shape):
+        if not all(isinstance(a.sharding, NamedSharding) for a in arg_shapes):
+            return _replicated_partition(per_shard, params, mesh, arg_shapes, result_shape)
+        sharded = plan_for(arg_shapes)
+        arg_shardings = tuple(NamedSharding(mesh, spec) for spec in sharded.operands)
+        results = [NamedSharding(mesh, spec) for spec in sharded.results]
         result_shardings = results if op.multiple_results else results[0]
-        return mesh, lambda *args: per_shard(params, *args), result_shardings, arg_shardings
+
+        def lower(*args):
+            return per_shard(params, *shift_ids(sharded.shifts, args))
+
+        return mesh, lower, result_shardings, arg_shardings
 
     def infer(params, mesh, arg_shapes, result_shape):
         del params, result_shape
-        rule = rule_for(a.shape for a in arg_shapes)
-        specs = _result_specs(rule, [a.sharding.spec for a in arg_shapes])
-        results = [NamedSharding(mesh, spec) for spec in specs]
+        results = [NamedSharding(mesh, spec) for spec in plan_for(arg_shapes).results]
         return results if op.multiple_results else results[0]
 
     def sharding_rule(params, mesh, value_types, result_types):
         del params, mesh, result_types
         rule = rule_for(t.shape for t in value_types)
-        extra: dict[str, Any] = dict(rule.sizes)
+        extra: dict[str, Any] = rule.shardy_sizes()
         if rule.replicated:
-            extra["need_replication_factors"] = rule.replicated
+            extra["need_replication_factors"] = rule.need_replication()
         return rule.einsum(), extra
 
     partitioned.def_partition(
@@ -192,7 +198,10 @@ def define(op: Operation) -> Primitive:
     operation.def_abstract_eval(op.abstract_eval)
 
     def lowering(ctx, *args, **params):
-        call = lambda *a: partitioned(freeze(**params), *a)  # noqa: E731
+        # Inside a shard_map manual over only some mesh axes, custom_partitioning cannot
+        # name the others: bind the kernel as it is, and XLA gives it whole operands there.
+        run = per_shard if _partly_manual(ctx) else partitioned
+        call = lambda *a: run(freeze(**params), *a)  # noqa: E731
         return mlir.lower_fun(call, multiple_results=op.multiple_results)(ctx, *args)
 
     mlir.register_lowering(operation, lowering)

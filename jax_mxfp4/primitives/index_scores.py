@@ -9,8 +9,10 @@ from jax.core import ShapedArray
 from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import get_backend
 from jax_mxfp4.formats import PAGE_BYTES
+from jax_mxfp4.gpu import lowering as gpu
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+from jax_mxfp4.primitives._sharding import Ids
 from jax_mxfp4.reference._common import folded_score_scale
 
 
@@ -44,11 +46,13 @@ def _batching_rule(bind, args, dims, **params):
 
 
 def _sharding(shapes) -> ShardingRule:
-    """Rows (t) and index heads (h) shard; the pool, table and blocks stay whole."""
+    """Index heads (h) shard; rows (t) shard with the requests (b) and pages (p) they read
+    (global request and page ids, made local per shard: ``_sharding.Ids``); blocks stay whole."""
     return ShardingRule(
         operands=("t h d", "p c", "b w", "t", "t"),
         results=("h t n",),
-        replicated=("d", "p", "c", "b", "w", "n"),
+        replicated=("d", "c", "w", "n"),
+        ids=(Ids(4, "b"), Ids(2, "p")),
     )
 
 
@@ -69,6 +73,8 @@ mxfp4_index_scores_p = define(
         cpu_target=ffi_targets.INDEX_SCORES,
         cpu_attributes=_cpu_attributes,
         sharding=_sharding,
+        gpu_lowering=gpu.index_scores,
+        gpu_kernel="index_scores_kernel",
     )
 )
 

@@ -8,8 +8,10 @@ from jax.core import ShapedArray
 
 from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import get_backend
+from jax_mxfp4.gpu import lowering as gpu
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+from jax_mxfp4.primitives._sharding import Ids
 from jax_mxfp4.reference import SparseSelection
 
 
@@ -47,11 +49,14 @@ def _batching_rule(bind, args, dims, **params):
 
 
 def _sharding(shapes) -> ShardingRule:
-    """Rows (t) and heads (h) shard; blocks and the table stay whole."""
+    """Heads (h) shard; rows (t) shard with the requests (b) they read (global request ids,
+    made local per shard: ``_sharding.Ids``). Page ids are copied out of the table, still
+    global. Blocks stay whole."""
     return ShardingRule(
         operands=("h t n", "b w", "t", "t"),
         results=("h t k", "t h k", "t h"),
-        replicated=("n", "b", "w", "k"),
+        replicated=("n", "w", "k"),
+        ids=(Ids(3, "b"),),
     )
 
 
@@ -74,6 +79,8 @@ mxfp4_select_blocks_p = define(
         cpu_attributes=_cpu_attributes,
         sharding=_sharding,
         multiple_results=True,
+        gpu_lowering=gpu.select_blocks,
+        gpu_kernel="select_blocks_kernel",
     )
 )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 from jax.core import ShapedArray
@@ -9,8 +11,10 @@ from jax.core import ShapedArray
 from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import get_backend
 from jax_mxfp4.formats import MX_BLOCK
+from jax_mxfp4.gpu import lowering as gpu
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+from jax_mxfp4.primitives._sharding import Ids, compound
 
 
 def _abstract_eval(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, output, backend):
@@ -40,22 +44,29 @@ def _batching_rule(bind, args, dims, **params):
 
 
 def _sharding(shapes) -> ShardingRule:
-    """Tokens (t) and kv heads (h) shard; q heads follow their kv head (dim ``(h g)``)."""
+    """kv heads (h) shard, q heads following their kv head (dim ``(h g)``); tokens (t) shard
+    with the pages (p) they read (global page ids, made local per shard: ``_sharding.Ids``)."""
     q_shape, k_shape = shapes[0], shapes[1]
     group = q_shape[1] // k_shape[1]
+    q_heads = compound(("h", k_shape[1]), ("g", group))
     return ShardingRule(
-        operands=("t (h g) d", "p h c", "p h c", "t h n", "t h"),
-        results=("t (h g) d",),
-        replicated=("d", "p", "c", "n"),
+        operands=(f"t {q_heads} d", "p h c", "p h c", "t h n", "t h"),
+        results=(f"t {q_heads} d",),
+        replicated=("d", "c", "n", "g"),
         sizes={"g": group},
+        ids=(Ids(3, "p"),),
     )
 
 
 def _mxfp8_sharding(shapes) -> ShardingRule:
     rule = _sharding(shapes)
-    return ShardingRule(
-        operands=rule.operands,
-        results=("t (h g e)", "t (h g s)"),
+    heads = (("h", shapes[1][1]), ("g", shapes[0][1] // shapes[1][1]))
+    return dataclasses.replace(
+        rule,
+        results=(
+            "t " + compound(*heads, ("e", shapes[0][2])),
+            "t " + compound(*heads, ("s", shapes[0][2] // MX_BLOCK)),
+        ),
         replicated=(*rule.replicated, "e", "s"),
         sizes={**rule.sizes, "e": shapes[0][2], "s": shapes[0][2] // MX_BLOCK},
     )
@@ -87,6 +98,8 @@ def _define(output: str):
             cpu_attributes=_cpu_attributes,
             sharding=_mxfp8_sharding if mxfp8 else _sharding,
             multiple_results=True,
+            gpu_lowering=gpu.sparse_attention,
+            gpu_kernel="attention_kernel" + ("+mxfp8" if mxfp8 else ""),
         )
     )
 

@@ -9,8 +9,10 @@ from jax.core import ShapedArray
 from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import get_backend
 from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.gpu import lowering as gpu
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
+from jax_mxfp4.primitives._sharding import Ids
 
 
 def _abstract_eval(pool, x, slots, *, round_mode, backend):
@@ -35,13 +37,17 @@ def _batching_rule(bind, args, dims, **params):
 
 
 def _sharding(shapes) -> ShardingRule:
-    """kv heads shard (pool and rows together); pages, rows and slots stay whole."""
+    """kv heads shard (pool and rows together); pages shard too, each shard writing the slots
+    it holds (global slots, made local per shard: ``_sharding.Ids``), with the rows sharded
+    like the pages or on every shard."""
+    slots = (Ids(2, "p", unit=PAGE_TOKENS, write=True),)
     if len(shapes[0]) == 3:
         return ShardingRule(
-            operands=("p h c", "t h d", "t"), results=("p h c",), replicated=("p", "c", "t", "d")
+            operands=("p h c", "t h d", "t"), results=("p h c",), replicated=("c", "d"),
+            ids=slots,
         )
     return ShardingRule(
-        operands=("p c", "t d", "t"), results=("p c",), replicated=("p", "c", "t", "d")
+        operands=("p c", "t d", "t"), results=("p c",), replicated=("c", "d"), ids=slots
     )
 
 
@@ -59,6 +65,8 @@ mxfp4_write_cache_p = define(
         cpu_attributes=_cpu_attributes,
         sharding=_sharding,
         aliases={0: 0},
+        gpu_lowering=gpu.write_cache,
+        gpu_kernel="write_cache_kernel",
     )
 )
 

@@ -1,0 +1,441 @@
+// The generic GPU code-object launcher (see launch.h for the attribute layout and the stages).
+// Nothing here throws or aborts: every failure becomes an ffi::Error with the driver's message.
+#include "gpu/launch.h"
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "gpu/driver.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_mxfp4::gpu {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int64_t kMaxParams = 64;
+constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxGridYZ = 65535;
+constexpr int64_t kStaticSharedLimit = 48 * 1024;
+
+enum ParamKind : int32_t { kBuffer = 0, kI32 = 1, kI64 = 2, kF32 = 3, kNullPointer = 4 };
+
+// What instantiate decodes once; execute reads it, never writes it (it may run on several
+// threads at once). `functions[d]` is the kernel loaded on device d, set by instantiate or
+// initialize before any execute on d.
+struct LaunchState {
+  static ffi::TypeId id;
+  Platform platform = Platform::kCuda;
+  std::string code_hash, symbol;
+  std::vector<uint8_t> image;
+  unsigned grid[3] = {0, 0, 0}, block[3] = {0, 0, 0}, shared = 0;
+  int64_t num_args = 0, num_rets = 0;
+  std::vector<int32_t> kinds;
+  std::vector<int64_t> values;
+  std::array<std::atomic<void*>, kMaxDevices> functions{};
+};
+
+ffi::TypeId LaunchState::id = XLA_FFI_UNKNOWN_TYPE_ID;
+
+// ---- the per-process module cache ---------------------------------------------------------
+
+struct ModuleCache {
+  std::mutex mu;
+  std::map<std::tuple<int, int, std::string>, void*> functions;  // (platform, device, key)
+  std::map<std::pair<int, int>, void*> contexts;                 // retained primary contexts
+  std::atomic<int64_t> loads{0}, with_device{0}, without_device{0};
+};
+
+ModuleCache& Cache() {
+  static ModuleCache* cache = new ModuleCache();  // never destroyed: handlers may outlive exit
+  return *cache;
+}
+
+ffi::Error Fail(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kInternal, "jax_mxfp4_gpu_launch: " + message);
+}
+
+ffi::Error BadAttr(const std::string& message) {
+  return ffi::Error(ffi::ErrorCode::kInvalidArgument, "jax_mxfp4_gpu_launch: " + message);
+}
+
+// Loads the module into `context` (pushed by the caller) and finds the kernel.
+ffi::Error LoadInContext(const Driver& d, int device, const LaunchState& s, void** function) {
+  void* module = nullptr;
+  if (int c = d.module_load_data(&module, s.image.data()); c != 0) {
+    return Fail(DriverError(d, "loading the code object", c));
+  }
+  if (int c = d.module_get_function(function, module, s.symbol.c_str()); c != 0) {
+    return Fail(DriverError(d, ("finding kernel '" + s.symbol + "'").c_str(), c));
+  }
+  if (s.shared > kStaticSharedLimit && d.func_set_attribute != nullptr) {
+    int optin = 0;
+    if (int c = d.device_attribute(&optin, kCudaAttrSharedOptin, device); c != 0) {
+      return Fail(DriverError(d, "reading the shared-memory limit", c));
+    }
+    if (static_cast<int64_t>(s.shared) > optin) {
+      return Fail("kernel '" + s.symbol + "' needs " + std::to_string(s.shared) +
+                  " bytes of shared memory; the device allows " + std::to_string(optin));
+    }
+    const int c = d.func_set_attribute(*function, kAttrMaxDynamicShared, s.shared);
+    if (c != 0) return Fail(DriverError(d, "raising the dynamic shared-memory limit", c));
+  }
+  return ffi::Error::Success();
+}
+
+// The kernel of `s` on device `ordinal`, loading its module (once per process) if needed.
+// Pushes the device's primary context around the load only.
+ffi::Error EnsureLoaded(LaunchState& s, int32_t ordinal) {
+  if (ordinal < 0 || ordinal >= kMaxDevices) {
+    return Fail("device ordinal " + std::to_string(ordinal) + " is outside [0, " +
+                std::to_string(kMaxDevices) + ")");
+  }
+  if (s.functions[ordinal].load(std::memory_order_acquire) != nullptr) {
+    return ffi::Error::Success();
+  }
+  std::string error;
+  const Driver* d = LoadDriver(s.platform, &error);
+  if (d == nullptr) return Fail(error);
+  ModuleCache& cache = Cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  const auto key = std::make_tuple(static_cast<int>(s.platform), static_cast<int>(ordinal),
+                                   s.code_hash + ":" + s.symbol);
+  if (auto it = cache.functions.find(key); it != cache.functions.end()) {
+    s.functions[ordinal].store(it->second, std::memory_order_release);
+    return ffi::Error::Success();
+  }
+  int device = 0;
+  if (int c = d->device_get(&device, ordinal); c != 0) {
+    return Fail(DriverError(*d, "getting the device", c));
+  }
+  void*& context = cache.contexts[{static_cast<int>(s.platform), ordinal}];
+  if (context == nullptr) {
+    if (int c = d->primary_ctx_retain(&context, device); c != 0) {
+      context = nullptr;
+      return Fail(DriverError(*d, "retaining the device's primary context", c));
+    }
+  }
+  if (int c = d->ctx_push(context); c != 0) {
+    return Fail(DriverError(*d, "making the primary context current", c));
+  }
+  void* function = nullptr;
+  ffi::Error loaded = LoadInContext(*d, device, s, &function);
+  void* popped = nullptr;
+  const int pop = d->ctx_pop(&popped);
+  if (loaded.failure()) return loaded;
+  if (pop != 0) return Fail(DriverError(*d, "restoring the current context", pop));
+  cache.functions.emplace(key, function);
+  cache.loads.fetch_add(1);
+  s.functions[ordinal].store(function, std::memory_order_release);
+  return ffi::Error::Success();
+}
+
+// ---- attribute decoding ----------------------------------------------------------------------
+
+int Base64Value(unsigned char ch) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+  if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+  if (ch == '+') return 62;
+  if (ch == '/') return 63;
+  return -1;
+}
+
+bool Base64Decode(std::string_view text, std::vector<uint8_t>* out) {
+  if (text.size() % 4 != 0) return false;
+  out->clear();
+  out->reserve(text.size() / 4 * 3);
+  for (size_t i = 0; i < text.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      const unsigned char ch = static_cast<unsigned char>(text[i + k]);
+      if (ch == '=' && i + 4 == text.size() && k >= 2) {
+        v[k] = 0;
+        ++pad;
+        continue;
+      }
+      if (pad > 0 || (v[k] = Base64Value(ch)) < 0) return false;
+    }
+    const uint32_t word = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
+    out->push_back(static_cast<uint8_t>(word >> 16));
+    if (pad < 2) out->push_back(static_cast<uint8_t>(word >> 8));
+    if (pad < 1) out->push_back(static_cast<uint8_t>(word));
+  }
+  return true;
+}
+
+ffi::Error CheckLaunchShape(ffi::Span<const int64_t> grid, ffi::Span<const int64_t> block,
+                            int64_t shared, LaunchState& s) {
+  if (grid.size() != 3 || block.size() != 3) return BadAttr("grid and block must have 3 entries");
+  for (int i = 0; i < 3; ++i) {
+    const int64_t limit = i == 0 ? kMaxGridX : kMaxGridYZ;
+    if (grid[i] < 0 || grid[i] > limit) {
+      return BadAttr("grid[" + std::to_string(i) + "] = " + std::to_string(grid[i]) +
+                     " is outside [0, " + std::to_string(limit) + "]");
+    }
+    if (block[i] < 1 || block[i] > 1024) {
+      return BadAttr("block[" + std::to_string(i) + "] = " + std::to_string(block[i]) +
+                     " is outside [1, 1024]");
+    }
+    s.grid[i] = static_cast<unsigned>(grid[i]);
+    s.block[i] = static_cast<unsigned>(block[i]);
+  }
+  if (block[0] * block[1] * block[2] > 1024) return BadAttr("more than 1024 threads per block");
+  if (shared < 0 || shared > (int64_t{1} << 20)) {
+    return BadAttr("shared_mem = " + std::to_string(shared) + " is out of range");
+  }
+  s.shared = static_cast<unsigned>(shared);
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckParams(ffi::Span<const int32_t> kinds, ffi::Span<const int64_t> values,
+                       LaunchState& s) {
+  if (kinds.size() != values.size() || static_cast<int64_t>(kinds.size()) > kMaxParams) {
+    return BadAttr("param_kinds and param_values must have the same length, at most " +
+                   std::to_string(kMaxParams));
+  }
+  const int64_t buffers = s.num_args + s.num_rets;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const int32_t kind = kinds[i];
+    const int64_t v = values[i];
+    if (kind < kBuffer || kind > kNullPointer) {
+      return BadAttr("param " + std::to_string(i) + " has unknown kind " + std::to_string(kind));
+    }
+    if (kind == kBuffer && (v < 0 || v >= buffers)) {
+      return BadAttr("param " + std::to_string(i) + " names buffer " + std::to_string(v) +
+                     " of " + std::to_string(buffers));
+    }
+    if (kind == kI32 && (v < INT32_MIN || v > INT32_MAX)) {
+      return BadAttr("param " + std::to_string(i) + " does not fit in int32");
+    }
+    if (kind == kF32 && (v < 0 || v > UINT32_MAX)) {
+      return BadAttr("param " + std::to_string(i) + " is not an f32 bit pattern");
+    }
+  }
+  s.kinds.assign(kinds.begin(), kinds.end());
+  s.values.assign(values.begin(), values.end());
+  return ffi::Error::Success();
+}
+
+struct CodeAttrs {
+  std::string_view code;
+  int64_t code_size;
+  std::string_view code_hash, symbol;
+};
+
+ffi::Error DecodeCode(const CodeAttrs& a, LaunchState& s) {
+  if (a.symbol.empty() || a.code_hash.empty()) return BadAttr("symbol and code_hash are required");
+  if (a.code_size <= 0 || a.code_size > (int64_t{1} << 30)) {
+    return BadAttr("code_size = " + std::to_string(a.code_size) + " is out of range");
+  }
+  std::vector<uint8_t> compressed;
+  if (!Base64Decode(a.code, &compressed)) return BadAttr("code is not valid base64");
+  s.image.resize(static_cast<size_t>(a.code_size));
+  const std::string why =
+      Inflate(compressed.data(), compressed.size(), s.image.data(), s.image.size());
+  if (!why.empty()) return BadAttr(why);
+  s.code_hash.assign(a.code_hash.data(), a.code_hash.size());
+  s.symbol.assign(a.symbol.data(), a.symbol.size());
+  return ffi::Error::Success();
+}
+
+// ---- the three stages ------------------------------------------------------------------------
+
+template <Platform P>
+ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(
+    int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view code,
+    int64_t code_size, std::string_view code_hash, std::string_view symbol,
+    ffi::Span<const int64_t> grid, ffi::Span<const int64_t> block, int64_t shared_mem,
+    ffi::Span<const int32_t> param_kinds, ffi::Span<const int64_t> param_values) {
+  auto state = std::make_unique<LaunchState>();
+  state->platform = P;
+  state->num_args = static_cast<int64_t>(args.size());
+  state->num_rets = static_cast<int64_t>(rets.size());
+  if (ffi::Error e = DecodeCode({code, code_size, code_hash, symbol}, *state); e.failure()) {
+    return ffi::Unexpected(std::move(e));
+  }
+  if (ffi::Error e = CheckLaunchShape(grid, block, shared_mem, *state); e.failure()) {
+    return ffi::Unexpected(std::move(e));
+  }
+  if (ffi::Error e = CheckParams(param_kinds, param_values, *state); e.failure()) {
+    return ffi::Unexpected(std::move(e));
+  }
+  if (device >= 0) {  // XLA named the device: load now, not on the first run
+    Cache().with_device.fetch_add(1);
+    if (ffi::Error e = EnsureLoaded(*state, device); e.failure()) {
+      return ffi::Unexpected(std::move(e));
+    }
+  } else {
+    Cache().without_device.fetch_add(1);
+  }
+  return state;
+}
+
+ffi::Error Initialize(int32_t device, LaunchState* state) {
+  if (state == nullptr) return Fail("no launch state (the instantiate stage did not run)");
+  return EnsureLoaded(*state, device);
+}
+
+// Packs the kernel parameters on the stack and launches: no allocation, no synchronization,
+// no host-to-device copy, no change of the current device.
+ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets) {
+  if (state == nullptr) return Fail("no launch state (the instantiate stage did not run)");
+  if (state->grid[0] == 0 || state->grid[1] == 0 || state->grid[2] == 0) {
+    return ffi::Error::Success();
+  }
+  void* function = (device >= 0 && device < kMaxDevices)
+                       ? state->functions[device].load(std::memory_order_acquire)
+                       : nullptr;
+  if (function == nullptr) {
+    return Fail("kernel '" + state->symbol + "' is not loaded on device " +
+                std::to_string(device) + " (the initialize stage did not run there)");
+  }
+  if (static_cast<int64_t>(args.size()) != state->num_args ||
+      static_cast<int64_t>(rets.size()) != state->num_rets) {
+    return Fail("operand or result count differs from the instantiated call");
+  }
+  const int64_t n = static_cast<int64_t>(state->kinds.size());
+  void* params[kMaxParams];
+  uint64_t storage[kMaxParams];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = state->values[i];
+    storage[i] = 0;
+    switch (state->kinds[i]) {
+      case kBuffer: {
+        void* ptr = nullptr;
+        if (v < state->num_args) {
+          auto buffer = args.get<ffi::AnyBuffer>(v);
+          if (buffer.has_error()) return buffer.error();
+          ptr = buffer->untyped_data();
+        } else {
+          auto buffer = rets.get<ffi::AnyBuffer>(v - state->num_args);
+          if (buffer.has_error()) return buffer.error();
+          ptr = (*buffer)->untyped_data();
+        }
+        std::memcpy(&storage[i], &ptr, sizeof ptr);
+        break;
+      }
+      case kI32: {
+        const int32_t x = static_cast<int32_t>(v);
+        std::memcpy(&storage[i], &x, sizeof x);
+        break;
+      }
+      case kF32: {
+        const uint32_t x = static_cast<uint32_t>(v);
+        std::memcpy(&storage[i], &x, sizeof x);
+        break;
+      }
+      case kI64:
+        std::memcpy(&storage[i], &v, sizeof v);
+        break;
+      default:  // kNullPointer: storage stays zero
+        break;
+    }
+    params[i] = &storage[i];
+  }
+  std::string error;
+  const Driver* d = LoadDriver(state->platform, &error);  // already loaded: no dlopen here
+  if (d == nullptr) return Fail(error);
+  const int c = d->launch(function, state->grid[0], state->grid[1], state->grid[2],
+                          state->block[0], state->block[1], state->block[2], state->shared,
+                          stream, params, nullptr);
+  if (c != 0) {
+    return Fail(DriverError(*d, ("launching kernel '" + state->symbol + "'").c_str(), c));
+  }
+  return ffi::Error::Success();
+}
+
+// The state type is registered with the XLA that calls us (the platform plugin's), once per
+// API instance, before the first instantiate uses it.
+XLA_FFI_Error* RegisterStateType(const XLA_FFI_Api* api) {
+  static std::mutex mu;
+  static std::set<const XLA_FFI_Api*>* done = new std::set<const XLA_FFI_Api*>();
+  if (api == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done->count(api)) return nullptr;
+  static const XLA_FFI_TypeInfo info = ffi::MakeTypeInfo<LaunchState>();
+  XLA_FFI_Error* error =
+      ffi::Ffi::RegisterTypeId(api, "jax_mxfp4_gpu_launch_state", &LaunchState::id, &info);
+  if (error == nullptr) done->insert(api);
+  return error;
+}
+
+}  // namespace
+
+CacheStats GetCacheStats() {
+  ModuleCache& c = Cache();
+  return {c.loads.load(), c.with_device.load(), c.without_device.load()};
+}
+
+}  // namespace jax_mxfp4::gpu
+
+namespace jg = jax_mxfp4::gpu;
+
+#define JAX_MXFP4_INSTANTIATE_BINDING                          \
+  xla::ffi::Ffi::BindInstantiate()                             \
+      .Ctx<xla::ffi::DeviceOrdinal>()                          \
+      .RemainingArgs()                                         \
+      .RemainingRets()                                         \
+      .Attr<std::string_view>("code")                          \
+      .Attr<int64_t>("code_size")                              \
+      .Attr<std::string_view>("code_hash")                     \
+      .Attr<std::string_view>("symbol")                        \
+      .Attr<xla::ffi::Span<const int64_t>>("grid")             \
+      .Attr<xla::ffi::Span<const int64_t>>("block")            \
+      .Attr<int64_t>("shared_mem")                             \
+      .Attr<xla::ffi::Span<const int32_t>>("param_kinds")      \
+      .Attr<xla::ffi::Span<const int64_t>>("param_values")
+
+#define JAX_MXFP4_INITIALIZE_BINDING                           \
+  xla::ffi::Ffi::BindInitialize()                              \
+      .Ctx<xla::ffi::DeviceOrdinal>()                          \
+      .Ctx<xla::ffi::State<jg::LaunchState>>()
+
+#define JAX_MXFP4_EXECUTE_BINDING                              \
+  xla::ffi::Ffi::Bind()                                        \
+      .Ctx<xla::ffi::PlatformStream<void*>>()                  \
+      .Ctx<xla::ffi::DeviceOrdinal>()                          \
+      .Ctx<xla::ffi::State<jg::LaunchState>>()                 \
+      .RemainingArgs()                                         \
+      .RemainingRets()
+
+XLA_FFI_DEFINE_HANDLER(CudaInstantiateTyped, jg::Instantiate<jg::Platform::kCuda>,
+                       JAX_MXFP4_INSTANTIATE_BINDING);
+XLA_FFI_DEFINE_HANDLER(RocmInstantiateTyped, jg::Instantiate<jg::Platform::kRocm>,
+                       JAX_MXFP4_INSTANTIATE_BINDING);
+XLA_FFI_DEFINE_HANDLER(InitializeTyped, jg::Initialize, JAX_MXFP4_INITIALIZE_BINDING);
+XLA_FFI_DEFINE_HANDLER(ExecuteTyped, jg::Execute, JAX_MXFP4_EXECUTE_BINDING,
+                       {xla::ffi::Traits::kCmdBufferCompatible});
+
+extern "C" {
+
+XLA_FFI_Error* JaxMxfp4CudaLaunchInstantiate(XLA_FFI_CallFrame* frame) {
+  if (XLA_FFI_Error* e = jg::RegisterStateType(frame->api)) return e;
+  return CudaInstantiateTyped(frame);
+}
+XLA_FFI_Error* JaxMxfp4RocmLaunchInstantiate(XLA_FFI_CallFrame* frame) {
+  if (XLA_FFI_Error* e = jg::RegisterStateType(frame->api)) return e;
+  return RocmInstantiateTyped(frame);
+}
+XLA_FFI_Error* JaxMxfp4CudaLaunchInitialize(XLA_FFI_CallFrame* frame) {
+  return InitializeTyped(frame);
+}
+XLA_FFI_Error* JaxMxfp4RocmLaunchInitialize(XLA_FFI_CallFrame* frame) {
+  return InitializeTyped(frame);
+}
+XLA_FFI_Error* JaxMxfp4CudaLaunchExecute(XLA_FFI_CallFrame* frame) { return ExecuteTyped(frame); }
+XLA_FFI_Error* JaxMxfp4RocmLaunchExecute(XLA_FFI_CallFrame* frame) { return ExecuteTyped(frame); }
+
+}  // extern "C"

@@ -1,0 +1,242 @@
+"""``python -m jax_mxfp4 bench --device gpu``: the GPU table, kernels vs the reference lowering
+side by side, with the ceilings (copy bandwidth, fp8 matmul rate) measured in the same run.
+
+Method: each cell is one ``jax.jit`` holding ``R`` independent calls of the operation (distinct
+query arrays, so nothing is shared or merged; the pools are shared), compiled once per lowering;
+after a warm-up call, the median wall time of ``repeats`` calls (``block_until_ready``) divided
+by ``R`` is the time per call: it includes the launch gaps between back-to-back kernels, not
+Python dispatch. Bytes count what the operation must read and write at least; FLOPs count the
+live query-key products (2 per multiply-add).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_mxfp4 as jm
+from jax_mxfp4._table import format_table
+from jax_mxfp4.backend import backend_scope
+from jax_mxfp4.formats import PAGE_BYTES
+
+SM = 128**-0.5
+G, TOPK = 16, 16
+
+# The seed's MI355X MXFP4 bf16-Q prefill scorer times (µs), SPEC §12.
+SEED_PREFILL_US = {
+    "b1 q4096 ctx 8K": 11.6, "b1 q4096 ctx 128K": 58.6, "b4 q512 ctx 8K": 8.5,
+    "b8 q2048 ctx 16K": 34.0, "b32 q8 ctx 32K": 30.5, "chunk 32768 prefix 0": 93.2,
+    "chunk 32768 prefix 100K": 430.1,
+}
+
+
+@dataclasses.dataclass
+class Cell:
+    group: str
+    label: str
+    make: Callable  # rng -> (fn(*varying, *shared), [varying args per call], shared args)
+    bytes_moved: float = 0.0
+    flops: float = 0.0
+    reference: bool = True
+
+
+def _time(fn, args, repeats: int, calls: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / calls
+
+
+def _measure(cell: Cell, rng, repeats: int, calls: int, backend: str) -> float:
+    fn, varying, shared = cell.make(rng, calls)
+    n = len(varying)
+
+    def many(*args):
+        return [fn(*args[i], *args[n:]) for i in range(n)]
+
+    flat_varying = [v for v in varying]
+    with backend_scope(backend):
+        compiled = jax.jit(lambda *a: many(*(list(a[:n]) + list(a[n:])))).lower(
+            *flat_varying, *shared).compile()
+    return _time(compiled, (*flat_varying, *shared), repeats, n)
+
+
+def _pool(rng, pages, heads=None):
+    shape = (pages, PAGE_BYTES) if heads is None else (pages, heads, PAGE_BYTES)
+    pool = rng.integers(0, 256, shape, dtype=np.uint8)
+    pool[..., 8192:] = rng.integers(118, 134, (*shape[:-1], 512), dtype=np.uint8)
+    return jnp.asarray(pool)
+
+
+def index_cell(label, requests, rows_per_request, context, prefix=None, shape="decode"):
+    blocks = -(-context // 128)
+    rows = requests * rows_per_request
+
+    def make(rng, calls):
+        pages = requests * blocks
+        pool = _pool(rng, pages)
+        table = jnp.asarray(rng.permutation(pages).reshape(requests, blocks), jnp.int32)
+        seq = jnp.full((requests,), context, jnp.int32)
+        if shape == "decode":
+            positions, reqs = jm.decode_rows(seq, rows_per_request)
+        else:
+            cu = jnp.arange(requests + 1, dtype=jnp.int32) * rows_per_request
+            positions, reqs = jm.prefill_rows(cu, seq - rows_per_request, rows)
+        qs = [(jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16),)
+              for _ in range(calls)]
+
+        def fn(q, pool, table, positions, reqs):
+            return jm.index_scores(q, pool, table, positions, reqs, num_blocks=blocks,
+                                   sm_scale=SM)
+
+        return fn, qs, (pool, table, positions, reqs)
+
+    moved = requests * context * 68 + rows * (256 + 4 * blocks)
+    first = context - rows_per_request
+    live_tokens = rows_per_request * first + rows_per_request * (rows_per_request + 1) / 2
+    flops = 2 * 128 * requests * live_tokens
+    return Cell(f"index_scores {shape}", label, make, moved, flops,
+                reference=requests * context <= 32 * 131072)
+
+
+def attention_cell(label, rows, output="bf16", group="sparse_attention decode", quant=False):
+    def make(rng, calls):
+        pages = max(rows * TOPK, 1024)
+        k, v = _pool(rng, pages, 1), _pool(rng, pages, 1)
+        table = jnp.asarray(rng.integers(0, pages, (rows, 1, TOPK)), jnp.int32)
+        ctx = jnp.full((rows, 1), TOPK * 128, jnp.int32)
+        qs = [(jnp.asarray(rng.standard_normal((rows, G, 128)), jnp.bfloat16),)
+              for _ in range(calls)]
+
+        def fn(q, k, v, table, ctx):
+            out = jm.sparse_attention(q, k, v, table, ctx, sm_scale=SM, output=output)
+            if quant:
+                return jm.quantize_mxfp8(out.reshape(rows, -1))
+            return out
+
+        return fn, qs, (k, v, table, ctx)
+
+    moved = rows * TOPK * 2 * PAGE_BYTES + rows * G * 128 * 4
+    flops = 4 * rows * G * TOPK * 128 * 128
+    return Cell(group, label, make, moved, flops)
+
+
+def write_cell(tokens):
+    def make(rng, calls):
+        pool = _pool(rng, max(1024, tokens // 64), 1)
+        xs = [(jnp.asarray(rng.standard_normal((tokens, 1, 128)), jnp.bfloat16),
+               jnp.asarray(rng.permutation(pool.shape[0] * 128)[:tokens], jnp.int32))
+              for _ in range(calls)]
+
+        def fn(x, slots, pool):
+            return jm.write_cache(pool, x, slots)
+
+        return fn, xs, (pool,)
+
+    return Cell("write_cache", f"{tokens} tokens", make, tokens * (256 + 68 + 4))
+
+
+def select_cell(rows, context):
+    blocks = -(-context // 128)
+
+    def make(rng, calls):
+        table = jnp.asarray(rng.integers(0, rows * blocks, (rows, blocks)), jnp.int32)
+        positions = jnp.full((rows,), context - 1, jnp.int32)
+        reqs = jnp.arange(rows, dtype=jnp.int32)
+        ss = [(jnp.asarray(rng.standard_normal((1, rows, blocks)), jnp.float32),)
+              for _ in range(calls)]
+
+        def fn(scores, table, positions, reqs):
+            return tuple(jm.select_blocks(scores, table, positions, reqs, topk=TOPK))
+
+        return fn, ss, (table, positions, reqs)
+
+    return Cell("select_blocks", f"{rows} rows ctx {context // 1024}K", make,
+                rows * (blocks * 4 + TOPK * 12 + 4))
+
+
+def cells(quick: bool = False) -> list[Cell]:
+    out = [
+        index_cell("b32 S1 H1 ctx 8K", 32, 1, 8192),
+        index_cell("b32 S1 H1 ctx 128K", 32, 1, 131072),
+        index_cell("b8 S4 H1 ctx 128K", 8, 4, 131072),
+        index_cell("b32 S8 H1 ctx 32K", 32, 8, 32768),
+        index_cell("b4 S1 H1 ctx 512K", 4, 1, 524288),
+        index_cell("b32 S1 H1 ctx 512K", 32, 1, 524288),
+        index_cell("b1 q4096 ctx 8K", 1, 4096, 8192, shape="prefill"),
+        index_cell("b1 q4096 ctx 128K", 1, 4096, 131072, shape="prefill"),
+        index_cell("b4 q512 ctx 8K", 4, 512, 8192, shape="prefill"),
+        index_cell("b8 q2048 ctx 16K", 8, 2048, 16384, shape="prefill"),
+        index_cell("b32 q8 ctx 32K", 32, 8, 32768, shape="prefill"),
+        index_cell("chunk 32768 prefix 0", 1, 32768, 32768, shape="prefill"),
+        index_cell("chunk 32768 prefix 100K", 1, 32768, 32768 + 102400, shape="prefill"),
+    ]
+    out += [attention_cell(f"{r} rows x 16 pages", r) for r in (1, 8, 32, 128, 256)]
+    for n in (1, 2, 4, 8, 16, 24):
+        rows = 8 * n
+        group = "mxfp8 epilogue"
+        out += [attention_cell(f"N={n} bf16", rows, group=group),
+                attention_cell(f"N={n} bf16+quantize", rows, group=group, quant=True),
+                attention_cell(f"N={n} fused mxfp8", rows, "mxfp8", group=group)]
+    out += [write_cell(32), write_cell(4096), select_cell(32, 131072), select_cell(4096, 32768)]
+    if quick:
+        return [out[0], out[6], out[13], out[19], out[-4]]
+    return out
+
+
+def ceilings(repeats: int = 10) -> tuple[float, float]:
+    """(copy TB/s counting read + write, fp8 matmul TFLOP/s) measured through XLA."""
+    x = jnp.ones((1 << 30,), jnp.float32)  # 4 GiB
+    copy = jax.jit(lambda a: a * 1.0001)
+    t = _time(copy, (x,), repeats, 1)
+    bandwidth = 2 * x.nbytes / t / 1e12
+    del x
+    n = 8192
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((n, n)), jnp.float8_e4m3fn)
+    b = jnp.asarray(rng.standard_normal((n, n)), jnp.float8_e4m3fn)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    t = _time(mm, (a, b), repeats, 1)
+    return bandwidth, 2 * n**3 / t / 1e12
+
+
+def run(quick: bool, repeats: int, reference: bool) -> str:
+    bw, fp8 = ceilings()
+    print(f"copy {bw:.2f} TB/s, fp8 {fp8:.0f} TFLOP/s", file=sys.stderr, flush=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for cell in cells(quick):
+        kernel = _measure(cell, rng, repeats, 10, "auto")
+        ref = None
+        if reference and cell.reference:
+            ref = _measure(cell, rng, max(2, repeats // 3), 1, "reference")
+        rows.append(_row(cell, kernel, ref, bw, fp8))
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # partial results survive
+    device = jax.devices()[0]
+    head = (f"jax {jax.__version__} on {device.device_kind}; copy {bw:.2f} TB/s (read+write), "
+            f"fp8 matmul {fp8:.0f} TFLOP/s (8192^3), measured in this run")
+    header = ("group", "cell", "kernel", "TB/s", "%copy", "TFLOP/s", "%fp8", "reference",
+              "speedup", "seed MI355X")
+    return head + "\n" + format_table(header, rows, right_aligned=range(2, len(header)))
+
+
+def _row(cell, kernel, ref, bw, fp8):
+    tbs = cell.bytes_moved / kernel / 1e12
+    tflops = cell.flops / kernel / 1e12 if cell.flops else 0.0
+    seed = SEED_PREFILL_US.get(cell.label) if "prefill" in cell.group else None
+    return (
+        cell.group, cell.label, f"{kernel * 1e6:.1f} us", f"{tbs:.2f}", f"{100 * tbs / bw:.0f}",
+        f"{tflops:.0f}" if cell.flops else "-", f"{100 * tflops / fp8:.0f}" if cell.flops else "-",
+        f"{ref * 1e6:.1f} us" if ref else "-", f"{ref / kernel:.0f}x" if ref else "-",
+        f"{seed} us" if seed else "-",
+    )

@@ -1,0 +1,115 @@
+"""Triton kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §5, §15.3).
+
+One program scores a tile of ``ROWS`` consecutive rows (all ``H`` index heads: ``M = ROWS * H``
+dot rows, padded to 16) against ``BLOCKS`` consecutive 128-token blocks. Per block it loads the
+page of each distinct request in the tile once (decode tiles hold one request's ``S`` rows;
+prefill tiles one request's chunk) and takes four ``K = 32`` tensor-core dots, one per scale
+group (``mxfp4.page_logits``). Every output element is written: ``-inf`` where a row has no
+live token in the block.
+
+The tiling (decode-shaped: few rows per request, many blocks per program; prefill-shaped: up to
+128 dot rows per tile) is chosen from static shapes by :func:`plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+import triton.language as tl
+
+from jax_mxfp4.gpu.kernels import mxfp4
+
+
+@triton.jit
+def _query_group(q_ptr, m, row, head, row_ok, g, H: tl.constexpr, Q_IS_FP8: tl.constexpr,
+                 ROUND_Q: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Group ``g`` of the query rows as the dot's operand ``[M, 32]``."""
+    c = tl.arange(0, 32)
+    ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * 128 + g * 32 + c[None, :]
+    x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    if ROUND_Q:
+        y = mxfp4.round_e4m3(x.to(tl.float32)).to(DOT_DTYPE)
+    else:  # an e4m3 query, or a bf16 one kept as is (q_round="none": bf16 dots)
+        y = x.to(DOT_DTYPE)
+    return y
+
+
+@triton.jit
+def _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
+                 USE_FP8: tl.constexpr):
+    """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere)."""
+    page = tl.load(table_ptr + req_r.to(tl.int64) * W + j)
+    sel = live & (req == req_r)
+    best = tl.full(sel.shape, float("-inf"), tl.float32)
+    if (page >= 0) & (page < P):
+        dots, expo = mxfp4.page_logits(q0, q1, q2, q3, pool_ptr + page.to(tl.int64) * 8704,
+                                       USE_FP8)
+        logits = mxfp4.mul_pow2(dots, expo[None, :])
+        tok = j * 128 + tl.arange(0, 128)
+        ok = sel[:, None] & (tok[None, :] <= pos[:, None])
+        best = tl.max(tl.where(ok, logits, float("-inf")), axis=1)
+    return best
+
+
+@triton.jit
+def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B, W, P, NB,
+                        score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
+                        BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
+                        USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
+    positions and requests ``s32[T]``."""
+    first_row = tl.program_id(0) * ROWS
+    m = tl.arange(0, M)
+    row = first_row + m // H
+    head = m % H
+    row_ok = (m < ROWS * H) & (row < T)
+    pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
+    req = tl.load(req_ptr + row, mask=row_ok, other=-1)
+    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    q0 = _query_group(q_ptr, m, row, head, row_ok, 0, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
+    q1 = _query_group(q_ptr, m, row, head, row_ok, 1, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
+    q2 = _query_group(q_ptr, m, row, head, row_ok, 2, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
+    q3 = _query_group(q_ptr, m, row, head, row_ok, 3, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
+    reach = tl.max(tl.where(live, pos, -1), axis=0)
+    out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
+    for jj in range(BLOCKS):
+        j = tl.program_id(1) * BLOCKS + jj
+        best = tl.full((M,), float("-inf"), tl.float32)
+        if (j < NB) & (j * 128 <= reach):
+            for r in range(ROWS):
+                row_r = first_row + r
+                req_r = tl.load(req_ptr + row_r, mask=row_r < T, other=-1)
+                prev = tl.load(req_ptr + row_r - 1, mask=(r > 0) & (row_r < T), other=-1)
+                first = (r == 0) | (req_r != prev)
+                if first & (row_r < T) & (req_r >= 0) & (req_r < B):
+                    best = tl.maximum(best, _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr,
+                                                         req, pos, live, j, req_r, W, P,
+                                                         USE_FP8))
+        tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    rows: int  # query rows per tile
+    m: int  # dot rows (rows * heads, padded to >= 16)
+    blocks: int  # blocks per program
+    grid: tuple[int, int, int]
+    num_warps: int
+
+
+def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
+         num_sms: int = 132) -> Plan:
+    """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
+    decode depth S, or a prefill chunk), capped at 128 dot rows; blocks per program are set so
+    that the grid has a few waves of programs."""
+    per_request = max(1, num_rows // max(1, num_requests))
+    rows = min(triton.next_power_of_2(per_request), max(1, 128 // num_heads))
+    m = max(16, triton.next_power_of_2(rows * num_heads))
+    row_tiles = triton.cdiv(max(num_rows, 1), rows)
+    target = 4 * num_sms
+    blocks = max(1, min(num_blocks, (row_tiles * num_blocks) // target))
+    if m >= 64:
+        blocks = min(blocks, 4)  # prefill tiles: more programs rather than longer ones
+    grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
+    return Plan(rows, m, blocks, grid, 8 if m >= 128 else 4)

@@ -1,0 +1,122 @@
+"""Triton device functions shared by the kernels: MXFP4 page decoding and exact scaling.
+
+Hopper has no fp4 tensor cores, so a page's e2m1 codes are decoded in registers into e4m3
+bytes with one shift-and-mask per nibble: ``fp8 = (code & 7) << 2 | (code & 8) << 4`` is
+exactly ``e2m1(code) * 2**-6`` as e4m3 (code 1 lands on the e4m3 subnormal ``2**-7``). Those
+bytes feed the tensor cores directly (``tl.dot`` on e4m3) or after the hardware e4m3 -> fp16
+conversion (fp16 dots, exact products and fp32 accumulation). Each 32-element scale group is
+one ``K = 32`` dot; the group's e8m0 byte is applied to the dot's result relative to the
+token's largest byte (``2**(byte - max)``, at most 1, so nothing overflows), and the token's
+own ``2**(max - 127 + 6)`` is applied once per logit, as the reference does.
+
+Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
+nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+PAGE_BYTES = tl.constexpr(8704)
+SCALE_OFFSET = tl.constexpr(8192)
+
+
+@triton.jit
+def pow2(e):
+    """fp32 ``2**e`` for int32 ``e`` (0 below 2**-126, +inf above 2**127)."""
+    bits = (tl.minimum(tl.maximum(e + 127, 0), 255) << 23).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mul_pow2(x, e):
+    """``x * 2**e`` in two normal steps (exact whenever the result is a normal fp32)."""
+    e1 = tl.minimum(tl.maximum(e, -126), 127)
+    e2 = tl.minimum(tl.maximum(e - e1, -126), 127)
+    return x * pow2(e1) * pow2(e2)
+
+
+@triton.jit
+def e2m1_group_fp8(page_ptr, tok, g):
+    """e4m3 values ``e2m1 * 2**-6`` of scale group ``g`` (elements 32g..32g+31) of the tokens
+    ``tok`` (int32 [N]) of one page: ``float8e4nv [N, 32]`` in element order."""
+    i = tl.arange(0, 16)
+    raw = tl.load(page_ptr + tok[:, None] * 64 + g * 16 + i[None, :])  # uint8 [N, 16]
+    lo = raw & 0xF
+    hi = raw >> 4
+    even = ((lo & 7) << 2) | ((lo & 8) << 4)
+    odd = ((hi & 7) << 2) | ((hi & 8) << 4)
+    pairs = tl.join(even, odd)  # [N, 16, 2]: element 2i + parity
+    codes = tl.reshape(pairs, (tok.shape[0], 32))
+    return codes.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def token_scales(page_ptr, tok):
+    """The 4 scale bytes of each token as int32 ``[N]`` each, and their maximum."""
+    base = page_ptr + SCALE_OFFSET + tok * 4
+    s0 = tl.load(base).to(tl.int32)
+    s1 = tl.load(base + 1).to(tl.int32)
+    s2 = tl.load(base + 2).to(tl.int32)
+    s3 = tl.load(base + 3).to(tl.int32)
+    smax = tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
+    return s0, s1, s2, s3, smax
+
+
+@triton.jit
+def group_dot(q_g, page_ptr, tok, g, s_g, smax, USE_FP8: tl.constexpr):
+    """``(q_g . K_g^T) * 2**(s_g - smax)``: one scale group's logits, ``f32 [M, N]``.
+
+    ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16/bf16).
+    """
+    k8 = e2m1_group_fp8(page_ptr, tok, g)
+    if USE_FP8:
+        dots = tl.dot(q_g, tl.trans(k8))
+    else:
+        dots = tl.dot(q_g, tl.trans(k8.to(q_g.dtype)))
+    return dots * pow2(s_g - smax)[None, :]
+
+
+@triton.jit
+def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
+    """Relative logits of every token of a page and the token exponents.
+
+    Returns ``(dots f32 [M, 128], exponent int32 [128])`` with the true ``q . k`` equal to
+    ``dots * 2**exponent`` (exponent = max scale byte - 127 + 6).
+    """
+    tok = tl.arange(0, 128)
+    s0, s1, s2, s3, smax = token_scales(page_ptr, tok)
+    dots = group_dot(q0, page_ptr, tok, 0, s0, smax, USE_FP8)
+    dots += group_dot(q1, page_ptr, tok, 1, s1, smax, USE_FP8)
+    dots += group_dot(q2, page_ptr, tok, 2, s2, smax, USE_FP8)
+    dots += group_dot(q3, page_ptr, tok, 3, s3, smax, USE_FP8)
+    return dots, smax - 127 + 6
+
+
+@triton.jit
+def page_values(page_ptr, live, DTYPE: tl.constexpr):
+    """Exactly dequantized values of a page as ``DTYPE [128, 128]`` (bf16: exact); tokens
+    where ``live``
+    (bool [128]) is false are zeros (so garbage, NaN scales included, cannot leak)."""
+    tok = tl.arange(0, 128)
+    d = tl.arange(0, 128)
+    i = tl.arange(0, 64)
+    raw = tl.load(page_ptr + tok[:, None] * 64 + i[None, :])  # [128, 64]
+    lo = raw & 0xF
+    hi = raw >> 4
+    even = ((lo & 7) << 2) | ((lo & 8) << 4)
+    odd = ((hi & 7) << 2) | ((hi & 8) << 4)
+    codes = tl.reshape(tl.join(even, odd), (128, 128))
+    x = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
+    scale = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + d[None, :] // 32)
+    x = x * pow2(scale.to(tl.int32) - 127)
+    x = tl.where(live[:, None], x, 0.0)
+    return x.to(DTYPE)
+
+
+@triton.jit
+def round_e4m3(x):
+    """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §15.2): the hardware
+    conversion (``cvt.rn.satfinite`` on sm_90) after the clamp."""
+    return tl.minimum(tl.maximum(x, -448.0), 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")

@@ -1,0 +1,76 @@
+"""Triton kernel: top-k blocks per (index head, row) and the sparse page table (SPEC §6,
+§15.8, §15.11).
+
+One program per (row, head): the row's keys (NaN -> -1e30, init blocks 1e30, local blocks
+1e29, -inf past the row's ``valid`` blocks) are turned into order-preserving int32s, and
+``TOPK`` arg-max passes (ties to the lower block, as ``lax.top_k``) pick the blocks. The
+emission puts full blocks first in selection order, the row's own (tail) block last, looks the
+pages up in the block table and computes the context length.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+INT_MIN = tl.constexpr(-2147483648)
+
+
+@triton.jit
+def _sortable(x):
+    """An int32 whose order is the float order of ``x`` (no NaN)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages_ptr, ctx_ptr,
+                         T, B, W, NB, init_blocks, local_blocks, H: tl.constexpr,
+                         NBP: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr):
+    """scores ``f32[H, T, NB]``, table ``s32[B, W]``, positions/requests ``s32[T]`` ->
+    ids ``s32[H, T, TOPK]``, pages ``s32[T, H, TOPK]``, context ``s32[T, H]``."""
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + row)
+    req = tl.load(req_ptr + row)
+    live = (pos >= 0) & (req >= 0) & (req < B)
+    pos = tl.where(live, pos, -1)
+    valid = tl.where(pos >= 0, tl.minimum(pos // 128 + 1, NB), 0)
+    j = tl.arange(0, NBP)
+    s = tl.load(scores_ptr + (h.to(tl.int64) * T + row) * NB + j, mask=j < NB, other=0.0)
+    s = tl.where(s != s, -1e30, s)
+    s = tl.where(j < init_blocks, 1e30, s)
+    s = tl.where(j >= valid - local_blocks, 1e29, s)
+    s = tl.where(j < valid, s, float("-inf"))
+    key = tl.where(j < NB, _sortable(s), INT_MIN)
+    k = tl.arange(0, KP)
+    ids = tl.full((KP,), -1, tl.int32)
+    count = tl.minimum(valid, TOPK)
+    for r in tl.static_range(TOPK):
+        best = tl.argmax(key, axis=0, tie_break_left=True).to(tl.int32)
+        ids = tl.where(k == r, tl.where(r < count, best, -1), ids)
+        key = tl.where(j == best, INT_MIN, key)
+    tl.store(ids_ptr + (h.to(tl.int64) * T + row) * TOPK + k, ids, mask=k < TOPK)
+    # Attention order: the tail (the row's own block) moves behind the other selections.
+    self_block = tl.where(pos >= 0, pos // 128, -2)
+    is_tail = (ids == self_block) & (ids >= 0)
+    has_tail = tl.max(is_tail.to(tl.int32), axis=0) > 0
+    tail_rank = tl.sum(tl.where(is_tail, k, 0), axis=0)
+    n = tl.sum((ids >= 0).to(tl.int32), axis=0)
+    src = tl.where(has_tail & (k >= tail_rank) & (k < n - 1), k + 1, k)
+    src = tl.where(has_tail & (k == n - 1), tail_rank, src)
+    onehot = k[None, :] == src[:, None]  # [dest, src]
+    ordered = tl.sum(tl.where(onehot, ids[None, :], 0), axis=1)
+    safe_req = tl.minimum(tl.maximum(req, 0), B - 1)
+    page = tl.load(table_ptr + safe_req.to(tl.int64) * W + tl.maximum(ordered, 0),
+                   mask=(ordered >= 0) & (k < TOPK), other=0)
+    page = tl.where(ordered >= 0, page, 0)
+    out_row = (row.to(tl.int64) * H + h) * TOPK
+    tl.store(pages_ptr + out_row + k, page, mask=k < TOPK)
+    tail_tokens = pos + 1 - (pos // 128) * 128
+    context = tl.where(has_tail, (n - 1) * 128 + tail_tokens, tl.minimum(n * 128, pos + 1))
+    tl.store(ctx_ptr + row.to(tl.int64) * H + h, tl.maximum(context, 0))
+
+
+def padded(n: int) -> int:
+    return max(16, triton.next_power_of_2(max(1, n)))

@@ -1,0 +1,200 @@
+"""Triton kernels: sparse paged attention over MXFP4 K/V with split-K and a fused MXFP8
+epilogue (SPEC §7, §8, §15.9).
+
+Row ``r = t * Hkv + h`` attends with its ``G`` q heads (``GP`` dot rows, G padded to 16) over
+the first ``context_lens[t, h]`` virtual tokens of its pages. ``attention_kernel`` program
+``(r, s)`` takes pages ``s * PAGES .. s * PAGES + PAGES - 1`` with an online base-2 softmax:
+QK as four ``K = 32`` tensor-core dots per page (``mxfp4.page_logits``, the bf16 query
+normalized per q head to e4m3 as the reference does), P in bf16 against V dequantized exactly
+to bf16. With one split it normalizes and stores the output itself (bf16, or the MXFP8 values
+and scales); with several it stores per-split partials ``(m, l, o = O / l in bf16)`` that
+``reduce_kernel`` merges with weights ``exp(m_p - M) * l_p`` before the same epilogue. A row
+with nothing to attend to outputs zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import triton
+import triton.language as tl
+
+from jax_mxfp4.gpu.kernels import mxfp4
+
+LOG2E = tl.constexpr(1.4426950408889634)
+FLT_MIN = tl.constexpr(1.1754943508222875e-38)
+
+
+@triton.jit
+def _abs_max_bits(x):
+    """Max of ``|x|`` over the last axis of a bf16 tile, as fp32 bits (int32)."""
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+    return tl.max(bits, axis=1) << 16
+
+
+@triton.jit
+def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr):
+    """The four query groups ``[GP, 32]`` as dot operands, and each row's scale exponent and
+    mantissa (``q_scale = max(amax / 448, FLT_MIN)``; 1 for an e4m3 query)."""
+    c = tl.arange(0, 32)
+    base = q_ptr + qrow[:, None].to(tl.int64) * 128 + c[None, :]
+    x0 = tl.load(base, mask=ok[:, None], other=0.0)
+    x1 = tl.load(base + 32, mask=ok[:, None], other=0.0)
+    x2 = tl.load(base + 64, mask=ok[:, None], other=0.0)
+    x3 = tl.load(base + 96, mask=ok[:, None], other=0.0)
+    dot_dtype: tl.constexpr = tl.float8e4nv if USE_FP8 else tl.float16
+    if Q_IS_FP8:
+        expo = tl.zeros(qrow.shape, tl.int32)
+        mant = tl.full(qrow.shape, 1.0, tl.float32)
+        q0, q1, q2, q3 = x0.to(dot_dtype), x1.to(dot_dtype), x2.to(dot_dtype), x3.to(dot_dtype)
+    else:
+        q0, q1, q2, q3, expo, mant = _normalized(x0, x1, x2, x3, dot_dtype)
+    return q0, q1, q2, q3, expo, mant
+
+
+@triton.jit
+def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
+    """bf16 query groups normalized per row to e4m3 (SPEC §15.9), with the scale's exponent
+    and mantissa."""
+    amax_bits = tl.maximum(tl.maximum(_abs_max_bits(x0), _abs_max_bits(x1)),
+                           tl.maximum(_abs_max_bits(x2), _abs_max_bits(x3)))
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    q_scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), FLT_MIN)
+    s = q_scale[:, None]
+    q0 = mxfp4.round_e4m3(tl.math.div_rn(x0.to(tl.float32), s)).to(dot_dtype)
+    q1 = mxfp4.round_e4m3(tl.math.div_rn(x1.to(tl.float32), s)).to(dot_dtype)
+    q2 = mxfp4.round_e4m3(tl.math.div_rn(x2.to(tl.float32), s)).to(dot_dtype)
+    q3 = mxfp4.round_e4m3(tl.math.div_rn(x3.to(tl.float32), s)).to(dot_dtype)
+    sbits = q_scale.to(tl.int32, bitcast=True)
+    expo = ((sbits >> 23) & 0xFF) - 127
+    mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    return q0, q1, q2, q3, expo, mant
+
+
+@triton.jit
+def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexpr):
+    """Store the final output rows ``o f32 [GP, 128]`` of token ``t``, q heads ``qh0 + g``:
+    bf16 ``[T, Hq, 128]``, or MXFP8 values ``[T, Hq*128]`` and scales ``[T, Hq*4]``."""
+    d = tl.arange(0, 128)
+    ob = o.to(tl.bfloat16)
+    qh = (qh0 + g).to(tl.int64)
+    if MXFP8:
+        x = tl.reshape(ob, (g.shape[0], 4, 32))
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+        amax = tl.max(bits, axis=2)  # bf16 bits [GP, 4]
+        expo = (amax >> 7) & 0xFF
+        sb = tl.minimum(tl.maximum(expo - 8 + ((amax & 0x7F) > 96).to(tl.int32), 0), 254)
+        scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, :, None]
+        values = tl.reshape(mxfp4.round_e4m3(scaled), (g.shape[0], 128))
+        vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
+        tl.store(vptr, values, mask=g_ok[:, None])
+        c = tl.arange(0, 4)
+        sptr = scale_ptr + t.to(tl.int64) * HQ * 4 + qh[:, None] * 4 + c[None, :]
+        tl.store(sptr, sb.to(tl.uint8), mask=g_ok[:, None])
+    else:
+        ptr = out_ptr + (t.to(tl.int64) * HQ + qh)[:, None] * 128 + d[None, :]
+        tl.store(ptr, ob, mask=g_ok[:, None])
+
+
+@triton.jit
+def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, sm_scale,
+                 m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
+    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``."""
+    dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
+    logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
+    live = (first_tok + tl.arange(0, 128)) < ctx
+    logits = tl.where(live[None, :] & g_ok[:, None], logits, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2((m_i - m_safe) * LOG2E)
+    p = tl.exp2((logits - m_safe[:, None]) * LOG2E)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = mxfp4.page_values(v_page, live, PV_DTYPE)
+    acc = acc * alpha[:, None] + tl.dot(p.to(PV_DTYPE), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, m_ptr, l_ptr,
+                     HKV, P, NPAGES, sm_scale, G: tl.constexpr, GP: tl.constexpr,
+                     PAGES: tl.constexpr, SPLITS: tl.constexpr, Q_IS_FP8: tl.constexpr,
+                     MXFP8: tl.constexpr, USE_FP8: tl.constexpr,
+                     PV_DTYPE: tl.constexpr = tl.bfloat16):
+    """q ``[T, Hkv*G, 128]``, pools ``u8[P, Hkv, 8704]``, table ``s32[T*Hkv, n]``, context
+    ``s32[T*Hkv]``. One split: ``out``/``aux`` are the final output (aux = MXFP8 scales).
+    Several: ``out`` = o partials ``bf16 [R, SPLITS, GP, 128]``, ``m``/``l`` ``f32 [R,
+    SPLITS, GP]``."""
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    t = r // HKV
+    h = r % HKV
+    g = tl.arange(0, GP)
+    g_ok = g < G
+    qrow = t.to(tl.int64) * HKV * G + h * G + g
+    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, USE_FP8)
+    ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
+    m_i = tl.full((GP,), float("-inf"), tl.float32)
+    l_i = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, 128), tl.float32)
+    for i in range(PAGES):
+        p = s * PAGES + i
+        if p * 128 < ctx:
+            page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p)
+            if (page >= 0) & (page < P):
+                base = (page.to(tl.int64) * HKV + h) * 8704
+                m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
+                                             v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
+                                             acc, g_ok, USE_FP8, PV_DTYPE)
+    safe_l = tl.where(l_i > 0, l_i, 1.0)
+    o = tl.where((l_i > 0)[:, None], acc / safe_l[:, None], 0.0)
+    if SPLITS == 1:
+        _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
+    else:
+        part = (r.to(tl.int64) * SPLITS + s) * GP + g
+        tl.store(m_ptr + part, m_i)
+        tl.store(l_ptr + part, l_i)
+        d = tl.arange(0, 128)
+        tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
+
+
+@triton.jit
+def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
+                  GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr):
+    """Merge the split partials of row ``program_id(0)`` and store the final output."""
+    r = tl.program_id(0)
+    t = r // HKV
+    h = r % HKV
+    g = tl.arange(0, GP)
+    sp = tl.arange(0, SPLITS)
+    part = (r.to(tl.int64) * SPLITS + sp[:, None]) * GP + g[None, :]  # [SPLITS, GP]
+    m = tl.load(m_ptr + part)
+    l_p = tl.load(l_ptr + part)
+    big_m = tl.max(m, axis=0)
+    safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+    w = tl.where(l_p > 0, tl.exp2((m - safe_m[None, :]) * LOG2E) * l_p, 0.0)  # [SPLITS, GP]
+    d = tl.arange(0, 128)
+    o = tl.load(o_ptr + part[:, :, None] * 128 + d[None, None, :]).to(tl.float32)
+    total = tl.sum(w, axis=0)
+    num = tl.sum(w[:, :, None] * o, axis=0)
+    out = tl.where((total > 0)[:, None], num / tl.where(total > 0, total, 1.0)[:, None], 0.0)
+    _store_output(out, out_ptr, aux_ptr, t, h * G, g, g < G, HKV * G, MXFP8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    gp: int  # dot rows (q heads per kv head, padded to 16)
+    splits: int  # pages split over this many programs per row (1 = direct output)
+    pages: int  # pages per split
+    num_warps: int
+
+
+def plan(num_rows: int, group: int, num_pages: int, num_sms: int = 132) -> Plan:
+    """Split-K from static shapes: enough (row, split) programs for about two waves, at least
+    two pages per split, a power-of-two number of splits."""
+    gp = max(16, triton.next_power_of_2(group))
+    want = max(1, (2 * num_sms) // max(1, num_rows))
+    splits = 1
+    while splits * 2 <= min(want, num_pages // 2):
+        splits *= 2
+    pages = triton.cdiv(max(num_pages, 1), splits)
+    return Plan(gp, splits, pages, 4 if gp <= 32 else 8)

@@ -1,0 +1,160 @@
+"""The generic GPU launcher's Python side: registration with XLA and the custom call.
+
+One XLA FFI target, ``jax_mxfp4_gpu_launch`` (C++ in ``ffi/gpu``), registered for the
+platforms "CUDA" and "ROCM" with the command-buffer-compatible trait, launches any code object
+that its attributes carry (layout in ``ffi/gpu/launch.h``). :func:`emit` writes one such call
+into the lowered module from a :class:`Launch`: the compiled kernel, its grid, and what each
+kernel parameter is (an operand or result buffer, a scalar, or a null scratch pointer). The
+code object travels base64-encoded and zlib-compressed inside the attributes, so
+``jax.export`` and serialized executables carry the kernel.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import struct
+import zlib
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from jax_mxfp4.gpu.compiler import Compiled
+
+TARGET = "jax_mxfp4_gpu_launch"
+PLATFORMS = ("CUDA", "ROCM")
+
+BUFFER, I32, I64, F32, NULL = 0, 1, 2, 3, 4
+"""Kinds of kernel parameters (``param_kinds``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    kind: int
+    value: int
+
+
+def buffer(index: int) -> Param:
+    """The address of buffer ``index`` of (operands..., results...)."""
+    return Param(BUFFER, int(index))
+
+
+def i32(value: int) -> Param:
+    return Param(I32, int(np.int32(value)))
+
+
+def i64(value: int) -> Param:
+    return Param(I64, int(value))
+
+
+def f32(value: float) -> Param:
+    return Param(F32, struct.unpack("<I", struct.pack("<f", float(value)))[0])
+
+
+def null() -> Param:
+    return Param(NULL, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch: a compiled kernel, its grid, and its parameters in order."""
+
+    kernel: Compiled
+    grid: tuple[int, int, int]
+    params: tuple[Param, ...]
+
+    def attributes(self) -> dict:
+        k = self.kernel
+        if len(self.params) != len(k.param_types):
+            raise ValueError(
+                f"{k.symbol}: {len(self.params)} parameters for a kernel that takes "
+                f"{len(k.param_types)}"
+            )
+        for i, (p, t) in enumerate(zip(self.params, k.param_types, strict=True)):
+            expected = {BUFFER: "*", NULL: "*", I32: "i32", I64: "i64", F32: "fp32"}[p.kind]
+            if not (t.startswith("*") if expected == "*" else t == expected):
+                raise ValueError(f"{k.symbol}: parameter {i} is {t}, the launch passes kind "
+                                 f"{p.kind}")
+        return {
+            "code": _encoded(k.code),
+            "code_size": np.int64(len(k.code)),
+            "code_hash": k.code_hash,
+            "symbol": k.symbol,
+            "grid": np.asarray(self.grid, np.int64),
+            "block": np.asarray(k.block, np.int64),
+            "shared_mem": np.int64(k.shared_mem),
+            "param_kinds": np.asarray([p.kind for p in self.params], np.int32),
+            "param_values": np.asarray([p.value for p in self.params], np.int64),
+        }
+
+
+@functools.lru_cache(maxsize=512)
+def _encoded(code: bytes) -> str:
+    return base64.b64encode(zlib.compress(code, 6)).decode("ascii")
+
+
+def with_scratch(params: Sequence[Param]) -> tuple[Param, ...]:
+    """The user parameters followed by Triton's two (unused, null) scratch pointers."""
+    return (*params, null(), null())
+
+
+@functools.cache
+def register_gpu_targets() -> frozenset[str]:
+    """Register the launcher for the GPU platforms; the platform names registered.
+
+    Empty when the extension is not built. Registering opens no GPU library.
+    """
+    try:
+        from jax_mxfp4 import _ffi_gpu
+    except ImportError:
+        return frozenset()
+    from jaxlib.xla_client import CustomCallTargetTraits
+
+    done = set()
+    for platform, stages in _ffi_gpu.registrations().items():
+        jax.ffi.register_ffi_target(
+            TARGET, stages, platform=platform, api_version=1,
+            traits=CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
+        )
+        done.add(platform)
+    return frozenset(done)
+
+
+def cache_stats() -> dict[str, int]:
+    """Counters of the launcher's module cache (modules loaded, instantiations...)."""
+    from jax_mxfp4 import _ffi_gpu
+
+    return _ffi_gpu.cache_stats()
+
+
+def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
+         result_avals: Sequence, aliases: dict[int, int] | None = None) -> list:
+    """Emit one launcher custom call inside a lowering rule; returns its result values.
+
+    ``operand_avals`` / ``result_avals`` describe this call (not necessarily the rule's own
+    avals: a multi-kernel lowering passes its intermediates here).
+    """
+    register_gpu_targets()
+    sub = ctx.replace(avals_in=list(operand_avals), avals_out=list(result_avals))
+    rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)
+    out = rule(sub, *operands, **launch.attributes())
+    return list(out)
+
+
+__all__ = [
+    "PLATFORMS",
+    "TARGET",
+    "Launch",
+    "Param",
+    "buffer",
+    "cache_stats",
+    "emit",
+    "f32",
+    "i32",
+    "i64",
+    "null",
+    "register_gpu_targets",
+    "with_scratch",
+]

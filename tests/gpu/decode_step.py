@@ -1,0 +1,88 @@
+"""One MiniMax-M3.1-shaped decode step (or prefill step) on the GPU: write the new keys, score
+the index cache, select blocks, attend with the MXFP8 epilogue.
+
+Run by the command-buffer test (``--json``: prints the output digest and the compiled HLO's
+command-buffer counts) and under compute-sanitizer (``--prefill`` for the prefill step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import jax_mxfp4 as jm
+from jax_mxfp4.gpu import launch
+
+SM = 128**-0.5
+
+
+def build(prefill: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    requests, context = (2, 3000) if prefill else (8, 5000)
+    s = 64 if prefill else 4
+    blocks = -(-context // 128)
+    pages = requests * blocks
+    pool = rng.integers(0, 256, (pages, 8704), dtype=np.uint8)
+    pool[:, 8192:] = rng.integers(120, 132, (pages, 512))
+    kv = rng.integers(0, 256, (pages, 1, 8704), dtype=np.uint8)
+    kv[..., 8192:] = rng.integers(120, 132, (pages, 1, 512))
+    table = rng.permutation(pages).reshape(requests, blocks).astype(np.int32)
+    seq = np.full(requests, context, np.int32)
+    rows = requests * s
+    positions, reqs = jm.decode_rows(jnp.asarray(seq), s)
+    slots = (table[np.asarray(reqs), np.asarray(positions) // 128] * 128
+             + np.asarray(positions) % 128).astype(np.int32)
+    x = jnp.asarray(rng.standard_normal((rows, 128)), jnp.bfloat16)
+    kx = jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
+    qa = jnp.asarray(rng.standard_normal((rows, 16, 128)), jnp.bfloat16)
+    return (jnp.asarray(pool), jnp.asarray(kv), x, kx, jnp.asarray(slots), q, qa,
+            jnp.asarray(table), positions, reqs, blocks)
+
+
+def step(pool, kv, x, kx, slots, q, qa, table, positions, reqs, *, blocks):
+    pool = jm.write_cache(pool, x, slots)
+    kv = jm.write_cache(kv, kx, slots)
+    scores = jm.index_scores(q, pool, table, positions, reqs, num_blocks=blocks, sm_scale=SM)
+    sel = jm.select_blocks(scores, table, positions, reqs, topk=16)
+    out = jm.sparse_attention(qa, kv, kv, sel.page_table, sel.context_lens, sm_scale=SM,
+                              output="mxfp8")
+    return pool, kv, scores, sel, out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prefill", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    *arrays, blocks = build(args.prefill)
+    fn = jax.jit(lambda *a: step(*a, blocks=blocks))
+    compiled = fn.lower(*arrays).compile()
+    outs = jax.tree.map(np.asarray, compiled(*arrays))
+    outs = jax.tree.map(np.asarray, compiled(*arrays))  # a second run: graph replay
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(outs):
+        digest.update(np.ascontiguousarray(leaf).view(np.uint8).tobytes())
+    hlo = compiled.as_text()
+    buffers = [c for c in hlo.split("\n\n") if "command_buffer" in c.split("\n")[0]]
+    report = {
+        "digest": digest.hexdigest(),
+        "command_buffers": len(buffers),
+        "command_buffers_with_launcher": sum(launch.TARGET in c for c in buffers),
+        "launches": hlo.count(f'custom_call_target="{launch.TARGET}"'),
+    }
+    print(json.dumps(report) if args.json else report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Where the GPU tests may run: JAX sees a CUDA or ROCm device, Triton imports and the launcher
+extension is built. Test modules here start with ``pytestmark = gpu_env.required()``."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import pytest
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    try:
+        if not jax.devices("gpu"):
+            return "no GPU device"
+    except RuntimeError:
+        return "no GPU device"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    from jax_mxfp4.gpu.lowering import available
+
+    if not available():
+        return "the GPU launcher extension is not built"
+    return None
+
+
+def required():
+    reason = unavailable_reason()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def gpu():
+    return jax.devices("gpu")[0]

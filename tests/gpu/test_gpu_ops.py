@@ -1,0 +1,165 @@
+"""Every operation's Triton kernel against the reference lowering on the same GPU (SPEC §10):
+bit for bit for write_cache, select_blocks and the MXFP8 epilogue (against quantize_mxfp8 of
+the kernel's own bf16 output), bit for bit for index_scores on exact data and within 2 ulp of
+the score's magnitude elsewhere, and the attention tolerance for sparse_attention."""
+
+from __future__ import annotations
+
+import gpu_env
+import jax
+import numpy as np
+import oracle
+import pytest
+from conftest import (
+    SM_SCALE,
+    attention_case,
+    decode_index_case,
+    prefill_index_case,
+    random_pages,
+)
+
+import jax_mxfp4 as jm
+from jax_mxfp4.backend import backend_scope, get_backend
+from jax_mxfp4.primitives._operation import OPERATIONS, implementation
+
+pytestmark = gpu_env.required()
+
+
+def both(fn, *args, **static):
+    """``fn(*args, **static)`` jitted with our kernels and with the reference lowering."""
+    out = []
+    for backend in ("auto", "reference"):
+        with backend_scope(backend):
+            jitted = jax.jit(lambda *a: fn(*a, **static))
+            out.append(jax.tree.map(np.asarray, jitted(*args)))
+    return out
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view(f"u{x.dtype.itemsize}") if x.dtype.kind in "fV" else x
+
+
+def assert_bits(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(bits(x), bits(y))
+
+
+def test_every_operation_lowers_to_triton():
+    for op in OPERATIONS:
+        assert implementation(op, "cuda", get_backend()).startswith("triton:"), op.name
+        text = jax.jit(lambda x: x).lower(np.zeros(1)).as_text()  # backend is alive
+        assert text
+
+
+@pytest.mark.parametrize("round_mode", ["up", "even", "down"])
+@pytest.mark.parametrize("heads", [2, None], ids=["kv_pool", "index_pool"])
+def test_write_cache(rng, round_mode, heads):
+    lead = (64,) if heads is None else (64, heads)
+    pool = random_pages(rng, lead)
+    rows = 300
+    x = rng.standard_normal((rows, *lead[1:], 128)) * np.exp(rng.normal(0, 8, (rows, 1, 1)
+                                                                        if heads else (rows, 1)))
+    x = oracle.to_bf16(x)
+    x[0, ..., :32] = 0  # an all-zero block: byte 0
+    slots = rng.permutation(64 * 128 + 40)[:rows].astype(np.int32) - 20  # some skipped
+    kernel, ref = both(jm.write_cache, pool, x, slots, round_mode=round_mode)
+    np.testing.assert_array_equal(kernel, ref)
+
+
+def test_write_cache_duplicate_slots_keep_the_last_row(rng):
+    pool = random_pages(rng, (8, 1))
+    x = oracle.to_bf16(rng.standard_normal((40, 1, 128)))
+    slots = rng.integers(0, 60, 40).astype(np.int32)
+    out = np.asarray(jax.jit(jm.write_cache)(pool, x, slots))
+    np.testing.assert_array_equal(out, oracle.write_cache(pool, x, slots))
+
+
+def _index(case, q_round="e4m3"):
+    return both(jm.index_scores, *case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE,
+                q_round=q_round)
+
+
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_index_scores_exact_data(rng, shape):
+    """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""
+    kw = dict(num_heads=2, num_blocks=6, table_width=8, num_pages=40, q_dtype="e4m3",
+              per_token=True, scale_lo=124, scale_hi=130)
+    if shape == "decode":
+        case = decode_index_case(rng, [700, 40, 129, 1], 4, **kw)
+    else:
+        case = prefill_index_case(rng, [37, 90], [300, 0], num_rows=160, **kw)
+    kernel, ref = _index(case)
+    assert_bits(kernel, ref)
+
+
+@pytest.mark.parametrize("q_round", ["e4m3", "none"])
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round):
+    kw = dict(num_heads=1 if shape == "prefill" else 4, num_blocks=5, table_width=6,
+              num_pages=40, scale_lo=110, scale_hi=140)
+    if shape == "decode":
+        case = decode_index_case(rng, [600, 33, 128, 257], 8, **kw)
+    else:
+        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
+    kernel, ref = _index(case, q_round)
+    assert np.array_equal(np.isneginf(kernel), np.isneginf(ref))
+    mag = oracle.index_score_magnitudes(*case.args(), num_blocks=case.num_blocks,
+                                        sm_scale=SM_SCALE, q_round=q_round)
+    live = np.isfinite(ref)
+    err = np.abs(kernel[live].astype(np.float64) - ref[live])
+    assert np.all(err <= 2 * oracle.ulp_f32(mag[live]) + 1e-45), err.max()
+
+
+@pytest.mark.parametrize("topk,init,local", [(16, 0, 1), (4, 1, 1), (3, 2, 2)])
+def test_select_blocks(rng, topk, init, local):
+    case = decode_index_case(rng, [3000, 40, 129, 1, 0], 2, num_heads=2, num_blocks=30,
+                             table_width=32, num_pages=60)
+    scores = np.round(rng.standard_normal((2, len(case.positions), 30)) * 2) / 2  # ties
+    scores = scores.astype(np.float32)
+    scores[0, 1, 3] = np.nan
+    scores[1, 2, :] = -np.inf
+    kernel, ref = both(jm.select_blocks, scores, case.block_table, case.positions,
+                       case.requests, topk=topk, init_blocks=init, local_blocks=local)
+    assert_bits(kernel, ref)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300], ids=["split", "split7", "direct"])
+@pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
+def test_sparse_attention(rng, rows, q_dtype):
+    ctx = rng.integers(0, 16 * 128 + 1, (rows, 1))
+    ctx[0, 0] = 0  # an empty row: zeros
+    case = attention_case(rng, ctx, group=16, n_pages=16, q_dtype=q_dtype)
+    with backend_scope("auto"):
+        out = np.asarray(jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE))(
+            *case.args()))
+    expected = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+    ok, why = oracle.attention_close(out, expected)
+    assert ok, why
+    assert np.all(out[0].astype(np.float32) == 0)
+
+
+@pytest.mark.parametrize("rows", [1, 24, 300])
+def test_mxfp8_epilogue_is_quantize_of_the_bf16_output(rng, rows):
+    case = attention_case(rng, rng.integers(1, 16 * 128 + 1, (rows, 1)), group=16, n_pages=16,
+                          q_scale=30.0)
+
+    def run(output):
+        fn = jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE, output=output))
+        return jax.tree.map(np.asarray, fn(*case.args()))
+
+    values, scales = run("mxfp8")
+    bf16 = run("bf16")
+    ref_values, ref_scales = jax.tree.map(
+        np.asarray, jm.quantize_mxfp8(bf16.reshape(rows, -1)))
+    np.testing.assert_array_equal(scales, ref_scales)
+    np.testing.assert_array_equal(bits(values), bits(ref_values))
+
+
+def test_kv_heads_and_groups(rng):
+    case = attention_case(rng, rng.integers(0, 700, (5, 2)), group=4, n_pages=6)
+    out = np.asarray(jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE))(
+        *case.args()))
+    ok, why = oracle.attention_close(out, oracle.sparse_attention(*case.args(),
+                                                                  sm_scale=SM_SCALE))
+    assert ok, why

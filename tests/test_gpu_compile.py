@@ -1,0 +1,100 @@
+"""The GPU kernels compile on a machine without a GPU (CI): every public operation is exported
+for CUDA (sm_90) and ROCm (gfx942) through its Triton lowering, and every launch's parameter
+layout is checked against the compiled kernel (count from its PTX / AMDGPU metadata, and the
+kind of each parameter against the kernel's signature: ``launch.Launch.attributes``)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SM_SCALE
+
+pytest.importorskip("triton")
+
+import jax_mxfp4 as jm
+from jax_mxfp4.gpu import launch
+from jax_mxfp4.gpu.compiler import GFX942, SM90, Target, compile_kernel
+
+TARGETS = {"cuda": ("90", SM90), "rocm": ("gfx942", GFX942)}
+
+
+def _cases():
+    pool = jax.ShapeDtypeStruct((64, 8704), jnp.uint8)
+    kv = jax.ShapeDtypeStruct((64, 1, 8704), jnp.uint8)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    bf16 = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)  # noqa: E731
+    return {
+        "write_cache": (lambda p, x, s: jm.write_cache(p, x, s), (kv, bf16(8, 1, 128), i32(8))),
+        "index_decode": (
+            lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE),
+            (bf16(8, 1, 128), pool, i32(8, 16), i32(8), i32(8)),
+        ),
+        "index_prefill": (
+            lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE),
+            (bf16(512, 1, 128), pool, i32(1, 16), i32(512), i32(512)),
+        ),
+        "select_blocks": (
+            lambda *a: tuple(jm.select_blocks(*a, topk=16)),
+            (jax.ShapeDtypeStruct((1, 8, 16), jnp.float32), i32(8, 16), i32(8), i32(8)),
+        ),
+        "attention_split": (
+            lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE),
+            (bf16(2, 16, 128), kv, kv, i32(2, 1, 16), i32(2, 1)),
+        ),
+        "attention_mxfp8_direct": (
+            lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE, output="mxfp8"),
+            (bf16(512, 16, 128), kv, kv, i32(512, 1, 16), i32(512, 1)),
+        ),
+    }
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+@pytest.mark.parametrize("name", list(_cases()))
+def test_exports_for_gpu_through_the_launcher(monkeypatch, platform, name):
+    arch, _ = TARGETS[platform]
+    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", arch)
+    from jax_mxfp4.gpu import lowering
+
+    lowering.target_for.cache_clear()
+    monkeypatch.setattr(lowering, "available", lambda: True)
+    fn, args = _cases()[name]
+    checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
+    exp = jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*args)
+    text = exp.mlir_module()
+    calls = re.findall(r'stablehlo.custom_call @' + launch.TARGET, text)
+    assert calls, text[:2000]
+    assert "symbol" in text and "param_kinds" in text
+    lowering.target_for.cache_clear()
+
+
+def test_param_count_is_read_from_the_code_object():
+    """A Triton kernel takes two scratch pointers after the user's parameters, for both
+    backends; the compiler reads the count back from the compiled code."""
+    import triton
+    import triton.language as tl
+
+    from jax_mxfp4.gpu.compiler import spec
+
+    @triton.jit
+    def probe(x_ptr, n, y_ptr, B: tl.constexpr):
+        i = tl.arange(0, B)
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n, other=0.0), mask=i < n)
+
+    for target in (SM90, GFX942):
+        k = compile_kernel(spec(probe, {"x_ptr": "*fp32", "n": "i32", "y_ptr": "*fp32"},
+                                {"B": 128}), target)
+        assert k.param_types == ("*fp32", "i32", "*fp32", "*i8", "*i8")
+        assert isinstance(target, Target) and k.code and k.symbol == "probe"
+        bad = launch.Launch(k, (1, 1, 1), launch.with_scratch(
+            [launch.buffer(0), launch.buffer(1), launch.buffer(2)]))
+        with pytest.raises(ValueError):
+            bad.attributes()
+        good = launch.Launch(k, (1, 1, 1), launch.with_scratch(
+            [launch.buffer(0), launch.i32(5), launch.buffer(1)]))
+        attrs = good.attributes()
+        assert attrs["param_kinds"].tolist() == [0, 1, 0, 4, 4]
+        assert np.asarray(attrs["block"]).tolist()[0] == 4 * target.warp_size
