@@ -44,13 +44,13 @@ def init_params(key: jax.Array, hidden: int) -> dict[str, jax.Array]:
     return {"w_qkv_idx": w.astype(jnp.bfloat16)}
 
 
-def _rms_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+def rms_norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """RMSNorm over the last axis, no weight; float32 out, same shape as ``x``."""
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
     """NeoX-style rotary embedding on the first ROTARY_DIM dims of ``x[T, heads, D]``."""
     half = ROTARY_DIM // 2
     inv_freq = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
@@ -72,16 +72,16 @@ def project(
     cuts = np.cumsum(_PROJ_SPLITS)[:-1].tolist()
     q, k, v, iq, ik = jnp.split(y, cuts, axis=-1)
     t = x.shape[0]
-    q = _rope(_rms_norm(q.reshape(t, NUM_Q_HEADS, HEAD_DIM)), positions)
-    k = _rope(_rms_norm(k.reshape(t, NUM_KV_HEADS, HEAD_DIM)), positions)
+    q = rope(rms_norm(q.reshape(t, NUM_Q_HEADS, HEAD_DIM)), positions)
+    k = rope(rms_norm(k.reshape(t, NUM_KV_HEADS, HEAD_DIM)), positions)
     v = v.reshape(t, NUM_KV_HEADS, HEAD_DIM)
-    iq = _rope(_rms_norm(iq.reshape(t, NUM_INDEX_HEADS, HEAD_DIM)), positions)
-    ik = _rope(_rms_norm(ik.reshape(t, 1, HEAD_DIM)), positions)[:, 0]
+    iq = rope(rms_norm(iq.reshape(t, NUM_INDEX_HEADS, HEAD_DIM)), positions)
+    ik = rope(rms_norm(ik.reshape(t, 1, HEAD_DIM)), positions)[:, 0]
     bf = jnp.bfloat16
     return q.astype(bf), k.astype(bf), v.astype(bf), iq.astype(bf), ik.astype(bf)
 
 
-def _slots(block_table: jax.Array, positions: jax.Array, requests: jax.Array) -> jax.Array:
+def cache_slots(block_table: jax.Array, positions: jax.Array, requests: jax.Array) -> jax.Array:
     """Cache slot (page * 128 + offset) of each row; -1 (not written) for padding rows.
 
     ``block_table`` is int32 ``[B, num_blocks]``; ``positions`` and ``requests`` are int ``[T]``;
@@ -99,7 +99,7 @@ def _layer(params, k_pool, v_pool, index_pool, x, positions, requests, block_tab
     the accuracy check reads (q, k, v and the selected block ids of kv head 0).
     """
     q, k, v, iq, ik = project(params, x, positions)
-    slots = _slots(block_table, positions, requests)
+    slots = cache_slots(block_table, positions, requests)
     k_pool = jm.write_cache(k_pool, k, slots)
     v_pool = jm.write_cache(v_pool, v, slots)
     index_pool = jm.write_cache(index_pool, ik, slots)
