@@ -26,6 +26,8 @@ def describe(impl: str) -> str:
         return f"C++ XLA FFI handler ({impl[4:]})"
     if impl.startswith("triton:"):
         return f"Triton kernel ({impl[7:]}) via the GPU launcher"
+    if impl.startswith("flydsl:"):
+        return f"FlyDSL kernel ({impl[7:]}) via the GPU launcher"
     return "reference lowering (plain jax.numpy)"
 
 

@@ -81,6 +81,25 @@ def rng(request) -> np.random.Generator:
 
 
 # ---------------------------------------------------------------------------------------------
+# gfx950 FlyDSL kernels (test_flydsl_build.py, test_rocm_lowering.py)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """``(out_dir, {symbol: CodeObject})`` of one build of every specialization."""
+    from hip_kernels.build import build_all
+
+    out = tmp_path_factory.mktemp("gfx950-kernels")
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAX_MXFP4_CACHE_DIR", str(cache))
+        mp.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
+        objects = build_all("gfx950", out, progress=False)
+    return out, {co.symbol: co for co in objects}
+
+
+# ---------------------------------------------------------------------------------------------
 # Pages
 # ---------------------------------------------------------------------------------------------
 

@@ -21,20 +21,6 @@ from hip_kernels.metadata import kernel_info, waves_per_simd
 SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 
 
-@pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    """``(out_dir, {symbol: CodeObject})`` of one build of every specialization."""
-    from hip_kernels.build import build_all
-
-    out = tmp_path_factory.mktemp("gfx950-kernels")
-    cache = tmp_path_factory.mktemp("kernel-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JAX_MXFP4_CACHE_DIR", str(cache))
-        mp.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
-        objects = build_all("gfx950", out, progress=False)
-    return out, {co.symbol: co for co in objects}
-
-
 def _ops(built, *ops):
     return [co for co in built[1].values() if co.spec.op in ops]
 

@@ -45,9 +45,12 @@ def fp8_dots() -> bool:
 def target_for(platform: str) -> tuple[Target, int]:
     """The compile target of this process's ``platform`` devices and their SM/CU count.
 
-    ``JAX_MXFP4_GPU_ARCH`` (e.g. ``90`` or ``gfx942``) overrides what the device reports.
+    ``JAX_MXFP4_GPU_ARCH`` (e.g. ``90`` or ``gfx942``) overrides what the device reports;
+    for ROCm, so does ``JAX_MXFP4_ROCM_ARCH`` when that is unset.
     """
     override = os.environ.get("JAX_MXFP4_GPU_ARCH")
+    if not override and platform == "rocm":
+        override = os.environ.get("JAX_MXFP4_ROCM_ARCH")
     if override:  # also what lets a machine without a GPU lower (export) for one
         units = int(os.environ.get("JAX_MXFP4_GPU_UNITS", "132"))
         if platform == "cuda":

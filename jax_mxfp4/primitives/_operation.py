@@ -65,8 +65,8 @@ OPERATIONS: list[Operation] = []
 
 
 def implementation(op: Operation, platform: str, backend: str) -> str:
-    """What ``op`` lowers to on ``platform``: ``"ffi:<target>"``, ``"triton:<kernel>"`` or
-    ``"reference"``."""
+    """What ``op`` lowers to on ``platform``: ``"ffi:<target>"``, ``"triton:<kernel>"``,
+    ``"flydsl:<kernel>"`` (ROCm gfx950, calls a FlyDSL kernel covers) or ``"reference"``."""
     if backend != "reference" and platform == "cpu" and op.cpu_target is not None:
         if op.cpu_target in register_cpu_targets():
             return f"ffi:{op.cpu_target}"
@@ -75,6 +75,12 @@ def implementation(op: Operation, platform: str, backend: str) -> str:
         from jax_mxfp4.gpu.lowering import available
 
         if available():
+            if platform in ("rocm", "gpu"):
+                from jax_mxfp4.gpu import flydsl_lowering as F
+
+                name = F.kernel_name(op.gpu_lowering.__name__)
+                if name is not None and F.enabled():
+                    return f"flydsl:{name}"
             return f"triton:{op.gpu_kernel}"
     return "reference"
 
@@ -84,13 +90,20 @@ GPU_PLATFORMS = ("cuda", "rocm")
 
 
 def _gpu_lowering(op: Operation, platform: str) -> Callable:
-    """The GPU rule: our Triton kernels through the generic launcher, or the reference
+    """The GPU rule: our Triton kernels through the generic launcher (on ROCm gfx950 the
+    FlyDSL kernels where they cover the call: ``gpu.flydsl_lowering``), or the reference
     lowering under ``backend="reference"`` or where Triton / the launcher is missing."""
     reference_rule = _reference_lowering(op)
 
     def rule(ctx, *args, backend, **params):
         if implementation(op, platform, backend) == "reference":
             return reference_rule(ctx, *args, backend=backend, **params)
+        if platform == "rocm":
+            from jax_mxfp4.gpu import flydsl_lowering
+
+            out = flydsl_lowering.lower(op.gpu_lowering.__name__, ctx, *args, **params)
+            if out is not None:
+                return out
         return op.gpu_lowering(ctx, *args, **params)
 
     return rule

@@ -1,0 +1,203 @@
+"""The ROCm lowering picks the gfx950 FlyDSL kernels, on a machine without a GPU (CI).
+
+Every case is lowered for ROCm (``lower(lowering_platforms=("rocm",))``) with
+``JAX_MXFP4_ROCM_ARCH=gfx950`` and the code objects of the session's FlyDSL build (``built``,
+shared with test_flydsl_build.py, used as ``JAX_MXFP4_KERNEL_DIR``): each launcher custom call
+must carry the FlyDSL code object (symbol, bytes, content hash), a block and grid from
+``hip_kernels.abi`` and parameters in the kernarg layout's order. With
+``JAX_MXFP4_GFX950_KERNELS=triton``, on gfx942, and for calls no FlyDSL kernel covers, the
+Triton kernels are lowered instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import SM_SCALE
+
+pytest.importorskip("triton")
+
+import jax_mxfp4 as jm
+from hip_kernels import abi
+from jax_mxfp4.gpu import launch as L
+from jax_mxfp4.gpu import lowering
+from jax_mxfp4.reference._common import folded_score_scale
+
+KIND = {"pointer": (L.BUFFER, L.NULL), "i32": (L.I32,), "f32": (L.F32,), "i64": (L.I64,)}
+
+i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+bf16 = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)  # noqa: E731
+e4m3 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float8_e4m3fn)  # noqa: E731
+POOL = jax.ShapeDtypeStruct((64, 8704), jnp.uint8)
+KV = jax.ShapeDtypeStruct((64, 1, 8704), jnp.uint8)
+
+
+def _cases():
+    """name -> (fn, args, [(symbol, grid dims, expected scalars by kernarg name)...])."""
+    def index(**kw):
+        return lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE, **kw)
+
+    def attention(**kw):
+        return lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE, **kw)
+
+    score = folded_score_scale(SM_SCALE)
+    return {
+        "write_cache": (
+            lambda p, x, s: jm.write_cache(p, x, s, round_mode="even"),
+            (KV, bf16(8, 1, 128), i32(8)),
+            [("jax_mxfp4_write_cache", {"num_tokens": 8, "num_heads": 1},
+              {"num_tokens": 8, "num_pages": 64, "num_heads": 1, "round_mode": 1})],
+        ),
+        "index_decode": (
+            index(), (bf16(8, 1, 128), POOL, i32(8, 16), i32(8), i32(8)),
+            [("jax_mxfp4_index_scores_qbf16_h1_decode", {"num_rows": 8, "num_blocks": 16},
+              {"num_rows": 8, "num_pages": 64, "num_requests": 8, "table_width": 16,
+               "num_blocks": 16, "score_scale": score})],
+        ),
+        "index_prefill_e4m3": (
+            index(), (e4m3(512, 4, 128), POOL, i32(1, 16), i32(512), i32(512)),
+            [("jax_mxfp4_index_scores_qe4m3_h4_prefill", {"num_rows": 512, "num_blocks": 16},
+              {"num_rows": 512, "num_requests": 1, "num_blocks": 16})],
+        ),
+        "attention_split": (
+            attention(), (bf16(2, 16, 128), KV, KV, i32(2, 1, 16), i32(2, 1)),
+            [("jax_mxfp4_sparse_attention_qbf16_g16_bf16_split",
+              {"num_rows": 2, "num_partitions": 8},
+              {"num_rows": 2, "num_kv_heads": 1, "num_pages": 64, "pages_per_row": 16,
+               "num_partitions": 8, "sm_scale": SM_SCALE}),
+             ("jax_mxfp4_attention_merge_g16_bf16", {"num_rows": 2},
+              {"num_rows": 2, "num_partitions": 8})],
+        ),
+        "attention_direct_mxfp8": (
+            attention(output="mxfp8"), (e4m3(512, 16, 128), KV, KV, i32(512, 1, 16),
+                                         i32(512, 1)),
+            [("jax_mxfp4_sparse_attention_qe4m3_g16_mxfp8_direct",
+              {"num_rows": 512, "num_partitions": 1},
+              {"num_rows": 512, "num_partitions": 1, "pages_per_row": 16})],
+        ),
+    }
+
+
+def _dense(attrs: str, name: str) -> list[int]:
+    m = re.search(name + r" = dense<(\[[^\]]*\]|[-\d]+)> : tensor<(\d+)x", attrs)
+    assert m, (name, attrs[:500])
+    if m.group(1).startswith("["):
+        return [int(v) for v in m.group(1)[1:-1].split(",")]
+    return [int(m.group(1))] * int(m.group(2))
+
+
+def _string(attrs: str, name: str) -> str:
+    return re.search(name + r' = "([^"]*)"', attrs).group(1)
+
+
+def launches(text: str) -> list[str]:
+    """The attribute dictionaries of the launcher custom calls, in program order."""
+    return re.findall(r"stablehlo\.custom_call @" + L.TARGET + r"\(.*?mhlo\.backend_config = "
+                      r"\{(.*?)\}, operand_layouts", text)
+
+
+def lower_for_rocm(fn, args) -> str:
+    # A fresh function per call, so that JAX's lowering caches see the new environment.
+    return jax.jit(lambda *a: fn(*a)).trace(*args).lower(lowering_platforms=("rocm",)).as_text()
+
+
+@pytest.fixture
+def rocm(monkeypatch, built):
+    """Lowering for ROCm gfx950 with the session's prebuilt FlyDSL code objects."""
+    monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(built[0]))
+    monkeypatch.setenv("JAX_MXFP4_ROCM_ARCH", "gfx950")
+    monkeypatch.delenv("JAX_MXFP4_GPU_ARCH", raising=False)
+    monkeypatch.delenv("JAX_MXFP4_GFX950_KERNELS", raising=False)
+    monkeypatch.setenv("JAX_MXFP4_GPU_UNITS", "256")
+    monkeypatch.setattr(lowering, "available", lambda: True)
+    lowering.target_for.cache_clear()
+    yield monkeypatch
+    lowering.target_for.cache_clear()
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_gfx950_lowers_to_the_flydsl_code_objects(rocm, built, name):
+    fn, args, expected = _cases()[name]
+    calls = launches(lower_for_rocm(fn, args))
+    assert [_string(c, "symbol") for c in calls] == [e[0] for e in expected]
+    for attrs, (symbol, dims, scalars) in zip(calls, expected, strict=True):
+        co = built[1][symbol]
+        code = zlib.decompress(base64.b64decode(_string(attrs, "code")))
+        assert code == co.hsaco
+        assert _string(attrs, "code_hash").startswith(co.content_hash + "-")
+        assert _dense(attrs, "block") == list(co.block)
+        assert _dense(attrs, "grid") == list(co.grid(**dims))
+        assert re.search(r"shared_mem = 0 : i64", attrs)
+        kinds, values = _dense(attrs, "param_kinds"), _dense(attrs, "param_values")
+        layout = co.kernarg_layout
+        assert len(kinds) == len(values) == len(layout) == len(abi.ARGS[co.spec.op])
+        assert [s.name for s in layout] == [a.name for a in abi.ARGS[co.spec.op]]
+        got = {}
+        for slot, kind, value in zip(layout, kinds, values, strict=True):
+            assert kind in KIND[slot.kind], (symbol, slot)
+            if kind == L.F32:
+                got[slot.name] = struct.unpack("<f", struct.pack("<I", value))[0]
+            elif kind != L.BUFFER and kind != L.NULL:
+                got[slot.name] = value
+        for k, v in scalars.items():
+            want = float(np.float32(v)) if isinstance(v, float | np.floating) else v
+            assert got[k] == want, (symbol, k, got[k], want)
+        if co.spec.op in ("index_scores", "sparse_attention"):  # operands in pointer order
+            assert kinds[:5] == [L.BUFFER] * 5 and values[:5] == [0, 1, 2, 3, 4]
+        if co.spec.op == "write_cache":  # the pool result (aliased to operand 0), x, slots
+            assert values[:3] == [3, 1, 2]
+
+
+def test_mxfp8_direct_passes_the_scale_result_and_bf16_direct_none(rocm, built):
+    fn, args, _ = _cases()["attention_direct_mxfp8"]
+    (attrs,) = launches(lower_for_rocm(fn, args))
+    assert _dense(attrs, "param_kinds")[5:7] == [L.BUFFER, L.BUFFER]
+    assert _dense(attrs, "param_values")[5:7] == [5, 6]
+    bf16_fn = lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE)  # noqa: E731
+    (attrs,) = launches(lower_for_rocm(bf16_fn, args))
+    assert _string(attrs, "symbol") == "jax_mxfp4_sparse_attention_qe4m3_g16_bf16_direct"
+    assert _dense(attrs, "param_kinds")[5:7] == [L.BUFFER, L.NULL]
+
+
+def _symbols(text: str) -> list[str]:
+    return [_string(c, "symbol") for c in launches(text)]
+
+
+def test_triton_on_request_on_other_archs_and_where_flydsl_does_not_cover(rocm):
+    fn, args, _ = _cases()["index_decode"]
+    rocm.setenv("JAX_MXFP4_GPU_ARCH", "gfx942")  # Triton's target: test_gpu_compile's kernels
+    rocm.delenv("JAX_MXFP4_GPU_UNITS")
+    lowering.target_for.cache_clear()
+    rocm.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
+    assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
+    rocm.delenv("JAX_MXFP4_GFX950_KERNELS")
+    rocm.setenv("JAX_MXFP4_ROCM_ARCH", "gfx942")
+    assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
+    rocm.setenv("JAX_MXFP4_ROCM_ARCH", "gfx950")
+    no_round = lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE,  # noqa: E731
+                                          q_round="none")
+    assert _symbols(lower_for_rocm(no_round, args)) == ["index_scores_kernel"]
+    assert _symbols(lower_for_rocm(fn, args)) == ["jax_mxfp4_index_scores_qbf16_h1_decode"]
+
+
+def test_implementation_reports_flydsl_on_gfx950(rocm):
+    from jax_mxfp4.info import describe
+    from jax_mxfp4.primitives._operation import OPERATIONS, implementation
+
+    impls = {op.name: implementation(op, "rocm", "auto") for op in OPERATIONS
+             if op.gpu_lowering is not None}
+    assert impls["mxfp4_index_scores"] == "flydsl:index_scores"
+    assert impls["mxfp4_select_blocks"] == "triton:select_blocks_kernel"
+    assert describe(impls["mxfp4_write_cache"]) == \
+        "FlyDSL kernel (write_cache) via the GPU launcher"
+    assert implementation(OPERATIONS[0], "cuda", "auto").startswith(("triton:", "reference"))
+    rocm.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
+    assert implementation(next(op for op in OPERATIONS if op.name == "mxfp4_write_cache"),
+                          "rocm", "auto") == "triton:write_cache_kernel"
