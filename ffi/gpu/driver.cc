@@ -58,6 +58,7 @@ bool LoadCuda(Driver& d, std::string* error) {
   Bind(lib, d.module_get_function, {"cuModuleGetFunction"}, &missing);
   Bind(lib, d.func_set_attribute, {"cuFuncSetAttribute"}, &missing);
   Bind(lib, d.launch, {"cuLaunchKernel"}, &missing);
+  Bind(lib, d.copy_async, {"cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"}, &missing);
   Bind(lib, d.get_error_name_cuda, {"cuGetErrorName"}, &missing);
   Bind(lib, d.get_error_string_cuda, {"cuGetErrorString"}, &missing);
   d.describe = DescribeCuda;
@@ -84,6 +85,7 @@ bool LoadHip(Driver& d, std::string* error) {
   Bind(lib, d.module_load_data, {"hipModuleLoadData"}, &missing);
   Bind(lib, d.module_get_function, {"hipModuleGetFunction"}, &missing);
   Bind(lib, d.launch, {"hipModuleLaunchKernel"}, &missing);
+  Bind(lib, d.copy_async, {"hipMemcpyDtoDAsync"}, &missing);
   Bind(lib, d.get_error_name_hip, {"hipGetErrorName"}, &missing);
   Bind(lib, d.get_error_string_hip, {"hipGetErrorString"}, &missing);
   d.func_set_attribute = nullptr;  // LDS needs no opt-in on AMD GPUs

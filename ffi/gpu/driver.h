@@ -36,6 +36,9 @@ struct Driver {
   int (*launch)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                 unsigned by, unsigned bz, unsigned shared, void* stream, void** params,
                 void** extra);
+  // Device-to-device copy on a stream (cuMemcpyDtoDAsync / hipMemcpyDtoDAsync). Device
+  // pointers travel as 64-bit integers (CUdeviceptr; hipDeviceptr_t is ABI-identical).
+  int (*copy_async)(uint64_t dst, uint64_t src, size_t bytes, void* stream);
   // The driver's text for an error code ("CUDA_ERROR_...: message").
   std::string (*describe)(const Driver& driver, int code);
   int (*get_error_name_cuda)(int code, const char** out);    // CUDA only

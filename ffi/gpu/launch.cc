@@ -42,6 +42,7 @@ struct LaunchState {
   int64_t num_args = 0, num_rets = 0;
   std::vector<int32_t> kinds;
   std::vector<int64_t> values;
+  std::vector<std::pair<int64_t, int64_t>> aliases;  // (operand, result) sharing a buffer
   std::array<std::atomic<void*>, kMaxDevices> functions{};
 };
 
@@ -228,6 +229,22 @@ ffi::Error CheckParams(ffi::Span<const int32_t> kinds, ffi::Span<const int64_t> 
   return ffi::Error::Success();
 }
 
+// `aliases` lists (operand, result) pairs flattened; XLA is asked to give each pair one buffer,
+// and execute copies the operand into the result where it did not (a device-to-device copy on
+// the stream, which command buffers capture like a launch).
+ffi::Error CheckAliases(ffi::Span<const int64_t> aliases, LaunchState& s) {
+  if (aliases.size() % 2 != 0) return BadAttr("aliases must hold (operand, result) pairs");
+  for (size_t i = 0; i < aliases.size(); i += 2) {
+    const int64_t arg = aliases[i], ret = aliases[i + 1];
+    if (arg < 0 || arg >= s.num_args || ret < 0 || ret >= s.num_rets) {
+      return BadAttr("alias (" + std::to_string(arg) + ", " + std::to_string(ret) +
+                     ") names no operand/result");
+    }
+    s.aliases.emplace_back(arg, ret);
+  }
+  return ffi::Error::Success();
+}
+
 struct CodeAttrs {
   std::string_view code;
   int64_t code_size;
@@ -257,7 +274,8 @@ ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(
     int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view code,
     int64_t code_size, std::string_view code_hash, std::string_view symbol,
     ffi::Span<const int64_t> grid, ffi::Span<const int64_t> block, int64_t shared_mem,
-    ffi::Span<const int32_t> param_kinds, ffi::Span<const int64_t> param_values) {
+    ffi::Span<const int32_t> param_kinds, ffi::Span<const int64_t> param_values,
+    ffi::Span<const int64_t> aliases) {
   auto state = std::make_unique<LaunchState>();
   state->platform = P;
   state->num_args = static_cast<int64_t>(args.size());
@@ -269,6 +287,9 @@ ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(
     return ffi::Unexpected(std::move(e));
   }
   if (ffi::Error e = CheckParams(param_kinds, param_values, *state); e.failure()) {
+    return ffi::Unexpected(std::move(e));
+  }
+  if (ffi::Error e = CheckAliases(aliases, *state); e.failure()) {
     return ffi::Unexpected(std::move(e));
   }
   if (device >= 0) {  // XLA named the device: load now, not on the first run
@@ -285,6 +306,25 @@ ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(
 ffi::Error Initialize(int32_t device, LaunchState* state) {
   if (state == nullptr) return Fail("no launch state (the instantiate stage did not run)");
   return EnsureLoaded(*state, device);
+}
+
+// Where XLA gave an aliased (operand, result) pair two buffers, copies the operand into the
+// result first, so that what the kernel does not write still holds the operand's bytes.
+ffi::Error CopyUnaliased(const Driver& d, void* stream, const LaunchState& state,
+                         ffi::RemainingArgs& args, ffi::RemainingRets& rets) {
+  for (const auto& [arg, ret] : state.aliases) {
+    auto src = args.get<ffi::AnyBuffer>(arg);
+    if (src.has_error()) return src.error();
+    auto dst = rets.get<ffi::AnyBuffer>(ret);
+    if (dst.has_error()) return dst.error();
+    void* from = src->untyped_data();
+    void* to = (*dst)->untyped_data();
+    if (from == to || src->size_bytes() == 0) continue;
+    const int c = d.copy_async(reinterpret_cast<uint64_t>(to), reinterpret_cast<uint64_t>(from),
+                               src->size_bytes(), stream);
+    if (c != 0) return Fail(DriverError(d, "copying an unaliased operand", c));
+  }
+  return ffi::Error::Success();
 }
 
 // Packs the kernel parameters on the stack and launches: no allocation, no synchronization,
@@ -348,6 +388,7 @@ ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::Remain
   std::string error;
   const Driver* d = LoadDriver(state->platform, &error);  // already loaded: no dlopen here
   if (d == nullptr) return Fail(error);
+  if (ffi::Error e = CopyUnaliased(*d, stream, *state, args, rets); e.failure()) return e;
   const int c = d->launch(function, state->grid[0], state->grid[1], state->grid[2],
                           state->block[0], state->block[1], state->block[2], state->shared,
                           stream, params, nullptr);
@@ -396,7 +437,8 @@ namespace jg = jax_mxfp4::gpu;
       .Attr<xla::ffi::Span<const int64_t>>("block")            \
       .Attr<int64_t>("shared_mem")                             \
       .Attr<xla::ffi::Span<const int32_t>>("param_kinds")      \
-      .Attr<xla::ffi::Span<const int64_t>>("param_values")
+      .Attr<xla::ffi::Span<const int64_t>>("param_values")       \
+      .Attr<xla::ffi::Span<const int64_t>>("aliases")
 
 #define JAX_MXFP4_INITIALIZE_BINDING                           \
   xla::ffi::Ffi::BindInitialize()                              \

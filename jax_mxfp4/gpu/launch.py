@@ -139,7 +139,8 @@ def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
     register_gpu_targets()
     sub = ctx.replace(avals_in=list(operand_avals), avals_out=list(result_avals))
     rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)
-    out = rule(sub, *operands, **launch.attributes())
+    pairs = [i for pair in sorted((aliases or {}).items()) for i in pair]
+    out = rule(sub, *operands, **launch.attributes(), aliases=np.asarray(pairs, np.int64))
     return list(out)
 
 
