@@ -430,3 +430,19 @@ def zext32(a):
 def vbitcast(ty: ir.Type, x):
     """Bit-reinterpret a vector as another vector type of the same size (LLVM bitcast)."""
     return llvm.bitcast(ty, raw(x))
+
+
+class LaneContext:
+    """Per-lane values a kernel body shares between its helpers (attributes set as it goes)."""
+
+
+def lane_context() -> LaneContext:
+    """The lane geometry every MFMA kernel starts from: thread id, its wave (uniform), lane in
+    the wave, and the lane's 16-lane group and column (the 16x16x128 MFMA operand layout)."""
+    c = LaneContext()
+    c.tid = thread_id()
+    c.wave = uniform(lshr(c.tid, ci32(6)))
+    c.lane = band(c.tid, ci32(63))
+    c.grp = lshr(c.lane, ci32(4))
+    c.col = band(c.lane, ci32(15))
+    return c

@@ -53,17 +53,8 @@ class _Geometry:
         self.threads_per_page = THREADS // self.block_waves
 
 
-class _Ctx:
-    """Per-lane values the kernel body shares between its helpers."""
-
-
-def _lane_setup(g: _Geometry, a) -> _Ctx:
-    c = _Ctx()
-    c.tid = I.thread_id()
-    c.wave = I.uniform(I.lshr(c.tid, I.ci32(6)))
-    c.lane = I.band(c.tid, I.ci32(63))
-    c.grp = I.lshr(c.lane, I.ci32(4))
-    c.col = I.band(c.lane, I.ci32(15))
+def _lane_setup(g: _Geometry, a) -> I.LaneContext:
+    c = I.lane_context()
     c.col_tile = I.srem(c.wave, I.ci32(g.col_tiles))
     c.bwave = I.sdiv(c.wave, I.ci32(g.col_tiles))
     c.row0 = I.mul(I.block_id("x"), I.ci32(g.rows))
@@ -98,7 +89,7 @@ def _row_key(a, t):
     return I.select(live, req, I.ci32(-1)), I.select(live, pos, I.ci32(-1))
 
 
-def _max_position(g: _Geometry, a, c: _Ctx):
+def _max_position(g: _Geometry, a, c: I.LaneContext):
     """Largest live position among the workgroup's rows (-1 if none), uniform."""
     def body(r, carried):
         _, pos = _row_key(a, I.add(c.row0, r))
@@ -107,7 +98,7 @@ def _max_position(g: _Geometry, a, c: _Ctx):
     return I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-1)], body)[0]
 
 
-def _query_operand(g: _Geometry, a, c: _Ctx):
+def _query_operand(g: _Geometry, a, c: I.LaneContext):
     """This lane's e4m3 B operand: column (t, h), K elements 16g..16g+15 then 64+16g..+15."""
     elem = I.mul(I.add(I.mul(I.zext64(c.t_safe), I.ci64(g.heads)), I.zext64(c.head)), I.ci64(128))
     first = I.zext64(I.mul(c.grp, I.ci32(16)))
@@ -137,7 +128,7 @@ def _page_of(a, key, j):
     return page, ok
 
 
-def _stage_pages(g: _Geometry, a, c: _Ctx, lds, key, u, maxpos) -> None:
+def _stage_pages(g: _Geometry, a, c: I.LaneContext, lds, key, u, maxpos) -> None:
     """Copy this sub-step's pages (one per block wave) into LDS, MXFP4 as stored."""
     slot = I.sdiv(c.tid, I.ci32(g.threads_per_page))
     local = I.srem(c.tid, I.ci32(g.threads_per_page))
@@ -164,7 +155,7 @@ def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
     I.store(data, lds, I.add(lds_base, offset), align=16)
 
 
-def _score_block(lds, c: _Ctx, b_operand, owned, page_ok, j):
+def _score_block(lds, c: I.LaneContext, b_operand, owned, page_ok, j):
     """Max over the page's live tokens of this lane's column, reduced over the lane groups."""
     slot_base = I.mul(c.bwave, I.ci32(PAGE_BYTES))
     best = I.cf32(I.NEG_INF)
@@ -188,7 +179,7 @@ def _score_block(lds, c: _Ctx, b_operand, owned, page_ok, j):
     return I.fmax(best, I.lane_xor_f32(best, c.lane, 32))
 
 
-def _store_scores(g: _Geometry, a, c: _Ctx, values, mask) -> None:
+def _store_scores(g: _Geometry, a, c: I.LaneContext, values, mask) -> None:
     """Lane (g, i) stores ``values[g]`` for block ``jstep + 4*bwave + g`` of its column."""
     value = values[0]
     for k in range(1, BLOCKS_PER_WAVE):
@@ -200,7 +191,7 @@ def _store_scores(g: _Geometry, a, c: _Ctx, values, mask) -> None:
         I.store(value, I.global_ptr(a.out), I.mul(at, I.ci64(4)), align=4)
 
 
-def _segment(g: _Geometry, a, c: _Ctx, lds, b_operand, key, maxpos) -> None:
+def _segment(g: _Geometry, a, c: I.LaneContext, lds, b_operand, key, maxpos) -> None:
     """Score every block of this step for the columns of request ``key``."""
     owned = I.eq(c.key, key)
     maxima = []

@@ -52,17 +52,8 @@ LOG2E = 1.4426950408889634
 FLT_MIN = 1.1754943508222875e-38
 
 
-class _Ctx:
-    """Per-lane values the kernel body shares between its helpers."""
-
-
-def _setup(spec: Specialization, a) -> _Ctx:
-    c = _Ctx()
-    c.tid = I.thread_id()
-    c.wave = I.uniform(I.lshr(c.tid, I.ci32(6)))
-    c.lane = I.band(c.tid, I.ci32(63))
-    c.grp = I.lshr(c.lane, I.ci32(4))
-    c.col = I.band(c.lane, I.ci32(15))
+def _setup(spec: Specialization, a) -> I.LaneContext:
+    c = I.lane_context()
     c.row = I.block_id("x")
     c.part = I.block_id("y")
     c.head = I.srem(c.row, a.num_kv_heads)
@@ -77,7 +68,7 @@ def _setup(spec: Specialization, a) -> _Ctx:
     return c
 
 
-def _query(spec: Specialization, a, c: _Ctx):
+def _query(spec: Specialization, a, c: I.LaneContext):
     """(B operand vector<8xi32>, B scale byte, per-column logit factor) of this lane."""
     qhead = I.select(I.lt(c.col, I.ci32(spec.group)), c.col, I.ci32(0))
     elem = I.mul(I.add(I.mul(I.zext64(c.row), I.ci64(spec.group)), I.zext64(qhead)), I.ci64(128))
@@ -112,7 +103,7 @@ def _query(spec: Specialization, a, c: _Ctx):
     return I.from_elements(I.vec(8, I.i32()), words), byte, I.fmul(mantissa, base_factor)
 
 
-def _page(a, c: _Ctx, k):
+def _page(a, c: I.LaneContext, k):
     """(byte offset of the (page, kv head) in the pools, page usable) of page slot ``k``."""
     at = I.add(I.mul(I.zext64(c.row), I.zext64(a.pages_per_row)), I.zext64(k))
     page = I.uniform(I.load(I.i32(), I.global_ptr(a.page_table), I.mul(at, I.ci64(4)), align=4))
@@ -123,7 +114,7 @@ def _page(a, c: _Ctx, k):
     return base, ok
 
 
-def _scores(a, c: _Ctx, q, base, ok, k, half) -> list:
+def _scores(a, c: I.LaneContext, q, base, ok, k, half) -> list:
     """Base-2 scores of this lane over half page ``half`` (64 tokens): 4 tiles x 4 tokens
     (``16m + 4g + v``, m = 4*half .. 4*half+3) for q head ``col``."""
     b_operand, b_scale, factor = q
@@ -147,7 +138,7 @@ def _scores(a, c: _Ctx, q, base, ok, k, half) -> list:
     return out
 
 
-def _stage_v(a, c: _Ctx, lds_wave, base, ok, k, step) -> None:
+def _stage_v(a, c: I.LaneContext, lds_wave, base, ok, k, step) -> None:
     """Widen 32 tokens of V (step ``step``) to bf16 and store them transposed in LDS: lane
     (quad, dgroup) handles tokens ``4*quad .. +3`` and dims ``16*dgroup .. +15``, two tokens at
     a time (one 32-bit LDS word per dim)."""
@@ -173,7 +164,7 @@ def _stage_v(a, c: _Ctx, lds_wave, base, ok, k, step) -> None:
     rocdl.s_waitcnt(lgkmcnt=0)
 
 
-def _pv_step(c: _Ctx, lds_wave, a_operand, acc: list) -> list:
+def _pv_step(c: I.LaneContext, lds_wave, a_operand, acc: list) -> list:
     """O += P[:, 32 tokens] x V[32 tokens, 128 dims] (8 bf16 MFMAs)."""
     out = []
     for dt in range(8):
@@ -187,12 +178,12 @@ def _pv_step(c: _Ctx, lds_wave, a_operand, acc: list) -> list:
     return out
 
 
-def _row_values(x, c: _Ctx) -> list:
+def _row_values(x, c: I.LaneContext) -> list:
     """Per-q-head value ``x`` (held by lane ``head``) for O rows ``4g + v``, v = 0..3."""
     return [I.lane_read_f32(x, I.add(I.mul(c.grp, I.ci32(4)), I.ci32(v))) for v in range(4)]
 
 
-def _page_update(spec, a, c: _Ctx, q, lds_wave, k, half, state) -> list:
+def _page_update(spec, a, c: I.LaneContext, q, lds_wave, k, half, state) -> list:
     """Online softmax and PV over half ``half`` (64 tokens) of page slot ``k``;
     ``state = [m, l, O0..O7]``."""
     m_old, l_old, acc = state[0], state[1], state[2:]
@@ -221,7 +212,7 @@ def _page_update(spec, a, c: _Ctx, q, lds_wave, k, half, state) -> list:
     return [m_new, total, *acc]
 
 
-def _merge_waves(spec, a, c: _Ctx, lds, stats, state) -> None:
+def _merge_waves(spec, a, c: I.LaneContext, lds, stats, state) -> None:
     """Combine the 4 waves' (m, l, O) and store the direct output or the split partial."""
     m, l_lane, acc = state[0], state[1], state[2:]
     total = I.fadd(l_lane, I.lane_xor_f32(l_lane, c.lane, 16))
@@ -241,7 +232,7 @@ def _merge_waves(spec, a, c: _Ctx, lds, stats, state) -> None:
         _epilogue(spec, a, c, lds, stats, qhead, block)
 
 
-def _epilogue(spec, a, c: _Ctx, lds, stats, qhead, block) -> None:
+def _epilogue(spec, a, c: I.LaneContext, lds, stats, qhead, block) -> None:
     ms, ls = [], []
     for w in range(WAVES):
         pair = I.load(I.vec(2, I.f32()), stats, I.mul(I.add(I.ci32(16 * w), qhead), I.ci32(8)),
@@ -279,7 +270,7 @@ def _epilogue(spec, a, c: _Ctx, lds, stats, qhead, block) -> None:
                    total)
 
 
-def _store_partial(spec, a, c: _Ctx, qhead, block, values, top, total) -> None:
+def _store_partial(spec, a, c: I.LaneContext, qhead, block, values, top, total) -> None:
     slot = I.add(I.mul(I.add(I.mul(I.zext64(c.row), I.zext64(a.num_partitions)), I.zext64(c.part)),
                        I.ci64(spec.group)), I.zext64(qhead))
     store_output_block("bf16", a.out, None, I.trunc32(slot), block, values)
