@@ -48,7 +48,8 @@ class Timing:
     reference_s: float | None
 
 
-def _pool(rng, pages: int, heads: int | None) -> jnp.ndarray:
+def random_pool(rng, pages: int, heads: int | None = None) -> jnp.ndarray:
+    """Random pages (scale bytes 118..133): ``uint8[pages, 8704]`` or ``[pages, heads, 8704]``."""
     shape = (pages, PAGE_BYTES) if heads is None else (pages, heads, PAGE_BYTES)
     pool = rng.integers(0, 256, shape, dtype=np.uint8)
     pool[..., PAGE_TOKENS * 64 :] = rng.integers(118, 134, (*shape[:-1], 512), dtype=np.uint8)
@@ -62,7 +63,7 @@ def _table(rng, requests: int, blocks: int, pages: int) -> jnp.ndarray:
 def _write_cell(shape: str, tokens: int) -> Cell:
     def make(rng):
         pages = max(64, tokens // PAGE_TOKENS * 2)
-        pool = _pool(rng, pages, KV_HEADS)
+        pool = random_pool(rng, pages, KV_HEADS)
         x = jnp.asarray(rng.standard_normal((tokens, KV_HEADS, 128)), jnp.bfloat16)
         slots = jnp.asarray(rng.permutation(pages * PAGE_TOKENS)[:tokens], jnp.int32)
         return (lambda p, x, s: jm.write_cache(p, x, s)), (pool, x, slots)
@@ -71,20 +72,30 @@ def _write_cell(shape: str, tokens: int) -> Cell:
     return Cell("write_cache", shape, f"{tokens} tokens", make, moved, donate_first=True)
 
 
+def index_inputs(rng, shape: str, requests: int, rows_per_request: int, context: int):
+    """An index pool, block table and row metadata: ``requests`` requests of ``context``
+    tokens, each with ``rows_per_request`` query rows at its end (decode rows or one prefill
+    chunk). Returns ``(pool, block_table, positions, requests)``."""
+    blocks = -(-context // PAGE_TOKENS)
+    pages = requests * blocks
+    pool = random_pool(rng, pages)
+    table = jnp.asarray(rng.permutation(pages).reshape(requests, blocks), jnp.int32)
+    seq = jnp.full((requests,), context, jnp.int32)
+    if shape == "decode":
+        positions, reqs = jm.decode_rows(seq, rows_per_request)
+    else:
+        cu = jnp.arange(requests + 1, dtype=jnp.int32) * rows_per_request
+        positions, reqs = jm.prefill_rows(cu, seq - rows_per_request, requests * rows_per_request)
+    return pool, table, positions, reqs
+
+
 def _index_cell(shape: str, requests: int, rows_per_request: int, context: int) -> Cell:
     blocks = -(-context // PAGE_TOKENS)
     rows = requests * rows_per_request
 
     def make(rng):
-        pages = requests * blocks
-        pool = _pool(rng, pages, None)
-        table = jnp.asarray(rng.permutation(pages).reshape(requests, blocks), jnp.int32)
-        seq = jnp.full((requests,), context, jnp.int32)
-        if shape == "decode":
-            positions, reqs = jm.decode_rows(seq, rows_per_request)
-        else:
-            cu = jnp.arange(requests + 1, dtype=jnp.int32) * rows_per_request
-            positions, reqs = jm.prefill_rows(cu, seq - rows_per_request, rows)
+        pool, table, positions, reqs = index_inputs(rng, shape, requests, rows_per_request,
+                                                    context)
         q = jnp.asarray(rng.standard_normal((rows, INDEX_HEADS, 128)), jnp.bfloat16)
 
         def fn(q, pool, table, positions, reqs):
@@ -119,7 +130,7 @@ def _select_cell(shape: str, rows: int, context: int) -> Cell:
 def _attention_cell(shape: str, rows: int, output: str = "bf16") -> Cell:
     def make(rng):
         pages = rows * TOPK
-        k_pool, v_pool = _pool(rng, pages, KV_HEADS), _pool(rng, pages, KV_HEADS)
+        k_pool, v_pool = random_pool(rng, pages, KV_HEADS), random_pool(rng, pages, KV_HEADS)
         table = jnp.asarray(rng.permutation(pages).reshape(rows, KV_HEADS, TOPK), jnp.int32)
         context = jnp.full((rows, KV_HEADS), TOPK * PAGE_TOKENS, jnp.int32)
         q = jnp.asarray(rng.standard_normal((rows, Q_HEADS, 128)), jnp.bfloat16)

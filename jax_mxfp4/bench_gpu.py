@@ -24,6 +24,7 @@ import numpy as np
 import jax_mxfp4 as jm
 from jax_mxfp4._table import format_table
 from jax_mxfp4.backend import backend_scope
+from jax_mxfp4.bench import index_inputs, random_pool
 from jax_mxfp4.formats import PAGE_BYTES
 
 SM = 128**-0.5
@@ -64,34 +65,18 @@ def _measure(cell: Cell, rng, repeats: int, calls: int, backend: str) -> float:
     def many(*args):
         return [fn(*args[i], *args[n:]) for i in range(n)]
 
-    flat_varying = [v for v in varying]
     with backend_scope(backend):
-        compiled = jax.jit(lambda *a: many(*(list(a[:n]) + list(a[n:])))).lower(
-            *flat_varying, *shared).compile()
-    return _time(compiled, (*flat_varying, *shared), repeats, n)
+        compiled = jax.jit(many).lower(*varying, *shared).compile()
+    return _time(compiled, (*varying, *shared), repeats, n)
 
 
-def _pool(rng, pages, heads=None):
-    shape = (pages, PAGE_BYTES) if heads is None else (pages, heads, PAGE_BYTES)
-    pool = rng.integers(0, 256, shape, dtype=np.uint8)
-    pool[..., 8192:] = rng.integers(118, 134, (*shape[:-1], 512), dtype=np.uint8)
-    return jnp.asarray(pool)
-
-
-def index_cell(label, requests, rows_per_request, context, prefix=None, shape="decode"):
+def index_cell(label, requests, rows_per_request, context, shape="decode"):
     blocks = -(-context // 128)
     rows = requests * rows_per_request
 
     def make(rng, calls):
-        pages = requests * blocks
-        pool = _pool(rng, pages)
-        table = jnp.asarray(rng.permutation(pages).reshape(requests, blocks), jnp.int32)
-        seq = jnp.full((requests,), context, jnp.int32)
-        if shape == "decode":
-            positions, reqs = jm.decode_rows(seq, rows_per_request)
-        else:
-            cu = jnp.arange(requests + 1, dtype=jnp.int32) * rows_per_request
-            positions, reqs = jm.prefill_rows(cu, seq - rows_per_request, rows)
+        pool, table, positions, reqs = index_inputs(rng, shape, requests, rows_per_request,
+                                                    context)
         qs = [(jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16),)
               for _ in range(calls)]
 
@@ -112,7 +97,7 @@ def index_cell(label, requests, rows_per_request, context, prefix=None, shape="d
 def attention_cell(label, rows, output="bf16", group="sparse_attention decode", quant=False):
     def make(rng, calls):
         pages = max(rows * TOPK, 1024)
-        k, v = _pool(rng, pages, 1), _pool(rng, pages, 1)
+        k, v = random_pool(rng, pages, 1), random_pool(rng, pages, 1)
         table = jnp.asarray(rng.integers(0, pages, (rows, 1, TOPK)), jnp.int32)
         ctx = jnp.full((rows, 1), TOPK * 128, jnp.int32)
         qs = [(jnp.asarray(rng.standard_normal((rows, G, 128)), jnp.bfloat16),)
@@ -133,7 +118,7 @@ def attention_cell(label, rows, output="bf16", group="sparse_attention decode", 
 
 def write_cell(tokens):
     def make(rng, calls):
-        pool = _pool(rng, max(1024, tokens // 64), 1)
+        pool = random_pool(rng, max(1024, tokens // 64), 1)
         xs = [(jnp.asarray(rng.standard_normal((tokens, 1, 128)), jnp.bfloat16),
                jnp.asarray(rng.permutation(pool.shape[0] * 128)[:tokens], jnp.int32))
               for _ in range(calls)]
