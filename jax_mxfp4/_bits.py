@@ -23,6 +23,16 @@ def f32_bits(x: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
 
 
+def widen_rounded(x: jnp.ndarray) -> jnp.ndarray:
+    """The fp32 values of a float array that was just rounded to a narrower type.
+
+    XLA's GPU compiler allows excess precision by default and folds a chain of conversions
+    ``f32 -> f8 (or bf16) -> f32`` into nothing, silently skipping the rounding. The
+    optimization barrier keeps the narrow array as a value of its own, so the rounding stays.
+    """
+    return lax.optimization_barrier(x).astype(jnp.float32)
+
+
 def f32_from_bits(bits: jnp.ndarray) -> jnp.ndarray:
     """uint32 bit pattern -> fp32."""
     return lax.bitcast_convert_type(bits.astype(jnp.uint32), jnp.float32)

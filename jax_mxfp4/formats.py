@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_mxfp4._bits import exact_scaled_f32, f32_bits, f32_from_bits
+from jax_mxfp4._bits import exact_scaled_f32, f32_bits, f32_from_bits, widen_rounded
 
 # --- constants --------------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ def dequantize_mxfp8(values: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32
         raise ValueError(
             f"scales must have one byte per 32 values: got {values.shape} and {scales.shape}"
         )
-    blocks = f32_bits(values.astype(jnp.float32)).reshape(*scales.shape, MX_BLOCK)
+    blocks = f32_bits(widen_rounded(values)).reshape(*scales.shape, MX_BLOCK)
     out = exact_scaled_f32(blocks, scales.astype(jnp.int32)[..., None] - 127)
     out = jnp.where(scales[..., None] == E8M0_NAN, jnp.nan, out)
     return out.reshape(values.shape).astype(dtype)

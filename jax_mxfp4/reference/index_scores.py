@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_mxfp4 import formats
+from jax_mxfp4._bits import widen_rounded
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import (
     folded_score_scale,
@@ -37,8 +38,8 @@ def scoring_query(q: jnp.ndarray, q_round: str) -> jnp.ndarray:
     """The fp32 query a scorer multiplies: bf16 rounded to e4m3 (``q_round="e4m3"``) or kept
     (``"none"``); an e4m3 query as stored (SPEC §4, §15.4)."""
     if q.dtype == jnp.bfloat16 and q_round == "e4m3":
-        return formats.to_e4m3(q).astype(jnp.float32)
-    return q.astype(jnp.float32)
+        return widen_rounded(formats.to_e4m3(q))
+    return widen_rounded(q)
 
 
 def _block_maxima_gathered(qe, keys, exponent, requests, live):

@@ -13,7 +13,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_mxfp4 import formats
-from jax_mxfp4._bits import exact_div, exact_scaled_f32, f32_bits, f32_from_bits, pow2
+from jax_mxfp4._bits import (
+    exact_div,
+    exact_scaled_f32,
+    f32_bits,
+    f32_from_bits,
+    pow2,
+    widen_rounded,
+)
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import (
     FLT_MIN,
@@ -37,7 +44,7 @@ def attention_query(q: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarr
     """
     if q.dtype == jnp.float8_e4m3fn:
         ones = jnp.ones(q.shape[:-1], jnp.float32)
-        return q.astype(jnp.float32), jnp.zeros(q.shape[:-1], jnp.int32), ones
+        return widen_rounded(q), jnp.zeros(q.shape[:-1], jnp.int32), ones
     bits = f32_bits(q.astype(jnp.bfloat16))
     amax = f32_from_bits(jnp.max(bits & jnp.uint32(0x7FFFFFFF), axis=-1))
     q_scale = jnp.maximum(exact_div(amax, formats.E4M3_MAX), jnp.float32(FLT_MIN))
@@ -46,7 +53,7 @@ def attention_query(q: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarr
     lift = jnp.where(q_scale < 2.0**-60, 64, 0)
     numerator = exact_scaled_f32(bits, lift[..., None])
     q8 = formats.to_e4m3(exact_div(numerator, (q_scale * pow2(lift))[..., None]))
-    q8 = q8.astype(jnp.float32)
+    q8 = widen_rounded(q8)
     scale_bits = f32_bits(q_scale)
     exponent = ((scale_bits >> 23) & 0xFF).astype(jnp.int32) - 127
     mantissa = f32_from_bits((scale_bits & 0x7FFFFF) | 0x3F800000)
