@@ -27,6 +27,7 @@ def _cases():
     kv = jax.ShapeDtypeStruct((64, 1, 8704), jnp.uint8)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     bf16 = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)  # noqa: E731
+    e4m3 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float8_e4m3fn)  # noqa: E731
     return {
         "write_cache": (lambda p, x, s: jm.write_cache(p, x, s), (kv, bf16(8, 1, 128), i32(8))),
         "index_decode": (
@@ -36,6 +37,14 @@ def _cases():
         "index_prefill": (
             lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE),
             (bf16(512, 1, 128), pool, i32(1, 16), i32(512), i32(512)),
+        ),
+        "index_e4m3_q": (
+            lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE),
+            (e4m3(8, 2, 128), pool, i32(2, 16), i32(8), i32(8)),
+        ),
+        "index_q_round_none": (
+            lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE, q_round="none"),
+            (bf16(8, 1, 128), pool, i32(8, 16), i32(8), i32(8)),
         ),
         "select_blocks": (
             lambda *a: tuple(jm.select_blocks(*a, topk=16)),
@@ -48,6 +57,10 @@ def _cases():
         "attention_mxfp8_direct": (
             lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE, output="mxfp8"),
             (bf16(512, 16, 128), kv, kv, i32(512, 1, 16), i32(512, 1)),
+        ),
+        "attention_e4m3_q": (
+            lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE),
+            (e4m3(4, 16, 128), kv, kv, i32(4, 1, 16), i32(4, 1)),
         ),
     }
 

@@ -2,13 +2,13 @@
 
 One program scores a tile of ``ROWS`` consecutive rows (all ``H`` index heads: ``M = ROWS * H``
 dot rows, padded to 16) against ``BLOCKS`` consecutive 128-token blocks. Per block it loads the
-page of each distinct request in the tile once (decode tiles hold one request's ``S`` rows;
-prefill tiles one request's chunk) and takes four ``K = 32`` tensor-core dots, one per scale
-group (``mxfp4.page_logits``). Every output element is written: ``-inf`` where a row has no
-live token in the block.
+page of each request in the tile once (decode tiles hold one request's ``S`` rows; prefill
+tiles one request's chunk, or the ends of two) and takes four ``K = 32`` tensor-core dots,
+one per scale group (``mxfp4.page_logits``). Every output element is written: ``-inf``
+where a row has no live token in the block.
 
-The tiling (decode-shaped: few rows per request, many blocks per program; prefill-shaped: up to
-128 dot rows per tile) is chosen from static shapes by :func:`plan`.
+The tiling (decode-shaped: few rows per request, one block per program; prefill-shaped: up to
+64 dot rows per tile, a few blocks per program) is chosen from static shapes by :func:`plan`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, 
     page = tl.load(table_ptr + req_r.to(tl.int64) * W + j)
     sel = live & (req == req_r)
     best = tl.full(sel.shape, float("-inf"), tl.float32)
-    if (page >= 0) & (page < P):
+    if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
         dots, expo = mxfp4.page_logits(q0, q1, q2, q3, pool_ptr + page.to(tl.int64) * 8704,
                                        USE_FP8)
         logits = mxfp4.mul_pow2(dots, expo[None, :])
@@ -72,20 +72,18 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     q2 = _query_group(q_ptr, m, row, head, row_ok, 2, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
     q3 = _query_group(q_ptr, m, row, head, row_ok, 3, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
     reach = tl.max(tl.where(live, pos, -1), axis=0)
+    # The tile's requests: one in the common case (rows are request-major), so each block's
+    # page is loaded once; rows of other requests in between are masked in _tile_maxima.
+    req_lo = tl.min(tl.where(live, req, B), axis=0)
+    req_hi = tl.max(tl.where(live, req, -1), axis=0)
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     for jj in range(BLOCKS):
         j = tl.program_id(1) * BLOCKS + jj
         best = tl.full((M,), float("-inf"), tl.float32)
         if (j < NB) & (j * 128 <= reach):
-            for r in range(ROWS):
-                row_r = first_row + r
-                req_r = tl.load(req_ptr + row_r, mask=row_r < T, other=-1)
-                prev = tl.load(req_ptr + row_r - 1, mask=(r > 0) & (row_r < T), other=-1)
-                first = (r == 0) | (req_r != prev)
-                if first & (row_r < T) & (req_r >= 0) & (req_r < B):
-                    best = tl.maximum(best, _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr,
-                                                         req, pos, live, j, req_r, W, P,
-                                                         USE_FP8))
+            for req_r in range(req_lo, req_hi + 1):
+                best = tl.maximum(best, _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req,
+                                                     pos, live, j, req_r, W, P, USE_FP8))
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
 
 
@@ -101,15 +99,22 @@ class Plan:
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
          num_sms: int = 132) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
-    decode depth S, or a prefill chunk), capped at 128 dot rows; blocks per program are set so
-    that the grid has a few waves of programs."""
+    decode depth S, or a prefill chunk), capped at 64 dot rows.
+
+    Decode-shaped tiles (under 64 dot rows) take one block per program: tens of thousands of
+    small programs, none waiting on a page for another block. Prefill-shaped tiles take a few
+    blocks per program, reusing the loaded query tile, while the grid keeps at least two
+    waves of programs.
+    """
     per_request = max(1, num_rows // max(1, num_requests))
-    rows = min(triton.next_power_of_2(per_request), max(1, 128 // num_heads))
+    # 64 dot rows at most: a 128-row tile needs 255 registers a thread and spills (measured
+    # with ncu on the H200: 6.1M local-memory requests for b1 q4096 ctx 8K).
+    rows = min(triton.next_power_of_2(per_request), max(1, 64 // num_heads))
     m = max(16, triton.next_power_of_2(rows * num_heads))
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
-    target = 4 * num_sms
-    blocks = max(1, min(num_blocks, (row_tiles * num_blocks) // target))
+    blocks = 1
     if m >= 64:
-        blocks = min(blocks, 4)  # prefill tiles: more programs rather than longer ones
+        blocks = max(1, min(4, num_blocks, (row_tiles * num_blocks) // (2 * num_sms)))
+    blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
-    return Plan(rows, m, blocks, grid, 8 if m >= 128 else 4)
+    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4)

@@ -95,24 +95,27 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
 
 
 @triton.jit
-def page_values(page_ptr, live, DTYPE: tl.constexpr):
-    """Exactly dequantized values of a page as ``DTYPE [128, 128]`` (bf16: exact); tokens
-    where ``live``
-    (bool [128]) is false are zeros (so garbage, NaN scales included, cannot leak)."""
+def load_page(page_ptr):
+    """A page's raw bytes: codes ``uint8 [128, 64]`` and scale bytes ``uint8 [128, 4]``."""
     tok = tl.arange(0, 128)
-    d = tl.arange(0, 128)
-    i = tl.arange(0, 64)
-    raw = tl.load(page_ptr + tok[:, None] * 64 + i[None, :])  # [128, 64]
-    lo = raw & 0xF
-    hi = raw >> 4
+    codes = tl.load(page_ptr + tok[:, None] * 64 + tl.arange(0, 64)[None, :])
+    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + tl.arange(0, 4)[None, :])
+    return codes, scales
+
+
+@triton.jit
+def page_values(codes, scales, live, DTYPE: tl.constexpr):
+    """Exactly dequantized values ``DTYPE [128, 128]`` (bf16: exact) of a page loaded by
+    :func:`load_page`; tokens where ``live`` (bool [128]) is false are zeros (so garbage, NaN
+    scales included, cannot leak)."""
+    lo = codes & 0xF
+    hi = codes >> 4
     even = ((lo & 7) << 2) | ((lo & 8) << 4)
     odd = ((hi & 7) << 2) | ((hi & 8) << 4)
-    codes = tl.reshape(tl.join(even, odd), (128, 128))
-    x = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 64.0
-    scale = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + d[None, :] // 32)
-    x = x * pow2(scale.to(tl.int32) - 127)
-    x = tl.where(live[:, None], x, 0.0)
-    return x.to(DTYPE)
+    e4m3 = tl.reshape(tl.join(even, odd), (128, 4, 32)).to(tl.float8e4nv, bitcast=True)
+    x = e4m3.to(tl.float32) * 64.0 * pow2(scales.to(tl.int32) - 127)[:, :, None]
+    x = tl.where(live[:, None, None], x, 0.0)
+    return tl.reshape(x, (128, 128)).to(DTYPE)
 
 
 @triton.jit

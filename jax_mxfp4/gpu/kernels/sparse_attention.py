@@ -99,7 +99,9 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
 @triton.jit
 def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, sm_scale,
                  m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
-    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``."""
+    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``. V's bytes are
+    loaded first, so their latency overlaps the QK dots and the softmax."""
+    v_codes, v_scales = mxfp4.load_page(v_page)
     dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
     logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
@@ -109,7 +111,7 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     alpha = tl.exp2((m_i - m_safe) * LOG2E)
     p = tl.exp2((logits - m_safe[:, None]) * LOG2E)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = mxfp4.page_values(v_page, live, PV_DTYPE)
+    v = mxfp4.page_values(v_codes, v_scales, live, PV_DTYPE)
     acc = acc * alpha[:, None] + tl.dot(p.to(PV_DTYPE), v)
     return m_new, l_i, acc
 
@@ -160,22 +162,28 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
 @triton.jit
 def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
                   GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr):
-    """Merge the split partials of row ``program_id(0)`` and store the final output."""
+    """Merge the split partials of row ``program_id(0)`` and store the final output. The
+    splits stream through one ``[GP, 128]`` accumulator (a ``[SPLITS, GP, 128]`` tile spills
+    its registers: 12 us for one row, against 3 us streamed, on the H200)."""
     r = tl.program_id(0)
     t = r // HKV
     h = r % HKV
     g = tl.arange(0, GP)
-    sp = tl.arange(0, SPLITS)
-    part = (r.to(tl.int64) * SPLITS + sp[:, None]) * GP + g[None, :]  # [SPLITS, GP]
-    m = tl.load(m_ptr + part)
-    l_p = tl.load(l_ptr + part)
-    big_m = tl.max(m, axis=0)
-    safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-    w = tl.where(l_p > 0, tl.exp2((m - safe_m[None, :]) * LOG2E) * l_p, 0.0)  # [SPLITS, GP]
     d = tl.arange(0, 128)
-    o = tl.load(o_ptr + part[:, :, None] * 128 + d[None, None, :]).to(tl.float32)
-    total = tl.sum(w, axis=0)
-    num = tl.sum(w[:, :, None] * o, axis=0)
+    first = r.to(tl.int64) * SPLITS * GP + g
+    big_m = tl.full((GP,), float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        big_m = tl.maximum(big_m, tl.load(m_ptr + first + s * GP))
+    safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
+    total = tl.zeros((GP,), tl.float32)
+    num = tl.zeros((GP, 128), tl.float32)
+    for s in range(SPLITS):
+        part = first + s * GP
+        l_p = tl.load(l_ptr + part)
+        w = tl.where(l_p > 0, tl.exp2((tl.load(m_ptr + part) - safe_m) * LOG2E) * l_p, 0.0)
+        o = tl.load(o_ptr + part[:, None] * 128 + d[None, :]).to(tl.float32)
+        total += w
+        num += w[:, None] * o
     out = tl.where((total > 0)[:, None], num / tl.where(total > 0, total, 1.0)[:, None], 0.0)
     _store_output(out, out_ptr, aux_ptr, t, h * G, g, g < G, HKV * G, MXFP8)
 
@@ -189,12 +197,17 @@ class Plan:
 
 
 def plan(num_rows: int, group: int, num_pages: int, num_sms: int = 132) -> Plan:
-    """Split-K from static shapes: enough (row, split) programs for about two waves, at least
-    two pages per split, a power-of-two number of splits."""
+    """Split-K from static shapes. A program walks its pages one after another, each waiting
+    on its K and V loads, so the grid wants several programs per SM: splits are doubled until
+    there are about eight (row, split) programs per SM, keeping at least two pages per split
+    (a power-of-two number of splits)."""
     gp = max(16, triton.next_power_of_2(group))
-    want = max(1, (2 * num_sms) // max(1, num_rows))
+    want = max(1, (8 * num_sms) // max(1, num_rows))
     splits = 1
     while splits * 2 <= min(want, num_pages // 2):
         splits *= 2
     pages = triton.cdiv(max(num_pages, 1), splits)
-    return Plan(gp, splits, pages, 4 if gp <= 32 else 8)
+    # 8 warps: with 4, the [128, 128] V tile and the accumulators took 244 registers a thread,
+    # two programs per SM (ncu on the H200, 256 rows x 16 pages). Not yet shown faster in a
+    # side-by-side run: bench/RESULTS.md has the numbers of both.
+    return Plan(gp, splits, pages, 8)
