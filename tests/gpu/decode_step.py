@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -59,26 +61,48 @@ def step(pool, kv, x, kx, slots, q, qa, table, positions, reqs, *, blocks):
     return pool, kv, scores, sel, out
 
 
+def thunk_report() -> dict:
+    """What XLA's thunk sequence (dumped under ``--xla_dump_to``) made of the step: the
+    command-buffer thunks, and the custom-call thunks left outside them. XLA 0.11 forms command
+    buffers on the thunk sequence, not in the HLO, so the dump is where they show."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    dump = next((f.split("=", 1)[1] for f in flags if f.startswith("--xla_dump_to=")), None)
+    if dump is None:
+        return {}
+    files = (sorted(Path(dump).glob("*jit_decode_step.thunk_sequence_after_thunk_passes.txt"))
+             or sorted(Path(dump).glob("*jit_decode_step.thunk_sequence.txt")))
+    if not files:
+        return {"thunk_dump": "missing: " + ", ".join(p.name for p in Path(dump).iterdir())}
+    text = files[-1].read_text()
+    top = [line for line in text.splitlines() if re.match(r"^\d+: ", line)]
+    return {
+        "command_buffers": sum("kCommandBuffer" in line for line in top),
+        "top_level_custom_calls": sum("kCustomCall" in line for line in top),
+        "thunk_sequence": text[:3000],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prefill", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     *arrays, blocks = build(args.prefill)
-    fn = jax.jit(lambda *a: step(*a, blocks=blocks))
-    compiled = fn.lower(*arrays).compile()
+
+    def decode_step(*a):
+        return step(*a, blocks=blocks)
+
+    compiled = jax.jit(decode_step).lower(*arrays).compile()
     outs = jax.tree.map(np.asarray, compiled(*arrays))
     outs = jax.tree.map(np.asarray, compiled(*arrays))  # a second run: graph replay
     digest = hashlib.sha256()
     for leaf in jax.tree.leaves(outs):
         digest.update(np.ascontiguousarray(leaf).view(np.uint8).tobytes())
     hlo = compiled.as_text()
-    buffers = [c for c in hlo.split("\n\n") if "command_buffer" in c.split("\n")[0]]
     report = {
         "digest": digest.hexdigest(),
-        "command_buffers": len(buffers),
-        "command_buffers_with_launcher": sum(launch.TARGET in c for c in buffers),
         "launches": hlo.count(f'custom_call_target="{launch.TARGET}"'),
+        **thunk_report(),
     }
     print(json.dumps(report) if args.json else report)
     return 0

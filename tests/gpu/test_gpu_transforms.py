@@ -111,9 +111,9 @@ def test_module_loaded_once_per_content_hash(rng):
     assert launch.cache_stats()["modules_loaded"] == before
 
 
-def _step(mode: str) -> dict:
+def _step(mode: str, dump: Path) -> dict:
     env = dict(os.environ)
-    flags = env.get("XLA_FLAGS", "")
+    flags = env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
     if mode == "on":
         flags += (" --xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"
                   " --xla_gpu_graph_min_graph_size=1")
@@ -125,10 +125,11 @@ def _step(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_command_buffers_give_the_same_bits():
-    """A jitted decode step (write, score, select, attend) traced into CUDA graphs (XLA
-    command buffers, our custom calls included) gives the bits of the plain run."""
-    on, off = _step("on"), _step("off")
-    assert on["command_buffers_with_launcher"] >= 1, on
-    assert off["command_buffers"] == 0, off
+def test_command_buffers_give_the_same_bits(tmp_path):
+    """A jitted decode step (write, score, select, attend) run as XLA command buffers (CUDA
+    graphs) with our custom calls captured inside gives the bits of the plain run."""
+    on, off = _step("on", tmp_path / "on"), _step("off", tmp_path / "off")
+    assert off["command_buffers"] == 0 and off["top_level_custom_calls"] == off["launches"], off
+    assert on["command_buffers"] >= 1, on["thunk_sequence"]
+    assert on["top_level_custom_calls"] == 0, on["thunk_sequence"]
     assert on["digest"] == off["digest"]
