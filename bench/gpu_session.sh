@@ -28,6 +28,30 @@ if [ "$MODE" = tests ]; then
       compute-sanitizer --tool memcheck --print-limit 20 $PY tests/gpu/decode_step.py $flag \
       > "$OUT/memcheck_$step.txt" 2>&1; echo "memcheck $step rc=$?"; tail -4 "$OUT/memcheck_$step.txt"
   done
+elif [ "$MODE" = profile ]; then
+  # Nsight Compute's view of one launch of each main kernel at a decode and a prefill size.
+  for cell in "index_scores_kernel|b32 S1 H1 ctx 128K" "index_scores_kernel|b1 q4096 ctx 8K" \
+              "attention_kernel|256 rows x 16 pages"; do
+    kernel=${cell%%|*}; label=${cell#*|}
+    timeout 150 ncu --clock-control none -k regex:"$kernel" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+      $PY bench/gpu_diagnose.py --plain "$label" > "$OUT/ncu_${kernel}_${label// /_}.txt" 2>&1
+    echo "== ncu $kernel $label rc=$?"
+    grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|Stall|Shared Memory Configuration|Dynamic Shared|Static Shared|Issue Slots Busy|Executed Ipc|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Waves" \
+      "$OUT/ncu_${kernel}_${label// /_}.txt" | head -40
+  done
+elif [ "$MODE" = diagnose ]; then
+  timeout 200 $PY bench/gpu_diagnose.py > "$OUT/diagnose.txt" 2>&1; echo "diagnose rc=$?"
+  cat "$OUT/diagnose.txt" | grep -v "^WARNING\|^I0000\|^W0000" | tail -80
+  timeout 120 ncu --clock-control none -k regex:"kernel" --launch-skip 20 --launch-count 12 \
+    --metrics gpu__time_duration.sum $PY bench/gpu_diagnose.py --plain "1 rows x 16 pages" \
+    > "$OUT/ncu.txt" 2>&1; echo "ncu rc=$?"
+  grep -E "kernel|gpu__time_duration|==PROF==|Error" "$OUT/ncu.txt" | head -40
+  XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=$OUT/dump_cb" \
+    timeout 120 $PY tests/gpu/decode_step.py --json > "$OUT/cb.txt" 2>&1; echo "cb rc=$?"; tail -3 "$OUT/cb.txt"
+  ls "$OUT/dump_cb" | head -30; grep -il "command" "$OUT/dump_cb"/* | head
+  grep -ih "command_buffer\|CommandBuffer" "$OUT/dump_cb"/* | head -20
 else
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --repeats ${REPEATS:-10} > "$OUT/bench.txt" 2> "$OUT/bench_err.txt"
   echo "bench rc=$?"; cat "$OUT/bench.txt"; tail -5 "$OUT/bench_err.txt"

@@ -2,18 +2,27 @@
 side by side, with the ceilings (copy bandwidth, fp8 matmul rate) measured in the same run.
 
 Method: each cell is one ``jax.jit`` holding ``R`` independent calls of the operation (distinct
-query arrays, so nothing is shared or merged; the pools are shared), compiled once per lowering;
-after a warm-up call, the median wall time of ``repeats`` calls (``block_until_ready``) divided
-by ``R`` is the time per call: it includes the launch gaps between back-to-back kernels, not
-Python dispatch. Bytes count what the operation must read and write at least; FLOPs count the
-live query-key products (2 per multiply-add).
+query arrays, so nothing is shared or merged; the pools are shared; cache writes are chained
+through one pool, as successive steps write it), compiled once per lowering. After a warm-up,
+``runs`` executions are traced with ``jax.profiler`` (CUPTI): the **device time** per call is
+the summed duration of every GPU kernel and copy of those executions divided by ``runs * R``.
+The wall time per call (median of ``repeats`` blocking executions, divided by ``R``) is shown
+beside it; it also holds the host's dispatch and synchronization (about 16 us per call with
+``R = 10`` on the H200 machine: ``bench/gpu_diagnose.py`` measures it). Bytes count what the
+operation must read and write at least; FLOPs count the live query-key products (2 per
+multiply-add).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import gzip
+import json
+import pathlib
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -46,6 +55,14 @@ class Cell:
     bytes_moved: float = 0.0
     flops: float = 0.0
     reference: bool = True
+    chained: bool = False  # the first shared argument is threaded through the calls
+
+
+@dataclasses.dataclass
+class Timing:
+    device: float  # seconds of GPU kernels and copies per call
+    wall: float  # seconds per call, host dispatch and synchronization included
+    kernels: dict[str, float]  # GPU time per call by kernel name
 
 
 def _time(fn, args, repeats: int, calls: int) -> float:
@@ -58,16 +75,47 @@ def _time(fn, args, repeats: int, calls: int) -> float:
     return statistics.median(times) / calls
 
 
-def _measure(cell: Cell, rng, repeats: int, calls: int, backend: str) -> float:
+def gpu_events(fn, args, runs: int = 3) -> list[dict]:
+    """The GPU activity (kernels, copies) of ``runs`` executions of ``fn(*args)``, as trace
+    events (``name``, ``ts``, ``dur`` in us) of a ``jax.profiler`` trace."""
+    jax.block_until_ready(fn(*args))
+    logdir = tempfile.mkdtemp(prefix="jax_mxfp4_trace_")
+    with jax.profiler.trace(logdir):
+        for _ in range(runs):
+            jax.block_until_ready(fn(*args))
+    path = next(pathlib.Path(logdir).rglob("*.trace.json.gz"))
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:GPU" in e["args"]["name"]}
+    return [e for e in events if e.get("ph") == "X" and e["pid"] in devices]
+
+
+def _timing(fn, args, repeats: int, calls: int, runs: int = 3) -> Timing:
+    wall = _time(fn, args, repeats, calls)
+    events = gpu_events(fn, args, runs)
+    per_name = collections.Counter()
+    for e in events:
+        per_name[e["name"]] += e["dur"] * 1e-6 / (runs * calls)
+    return Timing(sum(per_name.values()), wall, dict(per_name))
+
+
+def _measure(cell: Cell, rng, repeats: int, calls: int, backend: str) -> Timing:
     fn, varying, shared = cell.make(rng, calls)
     n = len(varying)
 
     def many(*args):
+        if cell.chained:
+            state, rest, outs = args[n], args[n + 1:], []
+            for i in range(n):
+                state = fn(*args[i], state, *rest)
+                outs.append(state)
+            return outs[-1]
         return [fn(*args[i], *args[n:]) for i in range(n)]
 
     with backend_scope(backend):
         compiled = jax.jit(many).lower(*varying, *shared).compile()
-    return _time(compiled, (*varying, *shared), repeats, n)
+    return _timing(compiled, (*varying, *shared), repeats, n)
 
 
 def index_cell(label, requests, rows_per_request, context, shape="decode"):
@@ -128,7 +176,7 @@ def write_cell(tokens):
 
         return fn, xs, (pool,)
 
-    return Cell("write_cache", f"{tokens} tokens", make, tokens * (256 + 68 + 4))
+    return Cell("write_cache", f"{tokens} tokens", make, tokens * (256 + 68 + 4), chained=True)
 
 
 def select_cell(rows, context):
@@ -180,19 +228,17 @@ def cells(quick: bool = False) -> list[Cell]:
 
 
 def ceilings(repeats: int = 10) -> tuple[float, float]:
-    """(copy TB/s counting read + write, fp8 matmul TFLOP/s) measured through XLA."""
+    """(copy TB/s counting read + write, fp8 matmul TFLOP/s) that XLA reaches, in device time."""
     x = jnp.ones((1 << 30,), jnp.float32)  # 4 GiB
     copy = jax.jit(lambda a: a * 1.0001)
-    t = _time(copy, (x,), repeats, 1)
-    bandwidth = 2 * x.nbytes / t / 1e12
+    bandwidth = 2 * x.nbytes / _timing(copy, (x,), repeats, 1).device / 1e12
     del x
     n = 8192
     rng = np.random.default_rng(0)
     a = jnp.asarray(rng.standard_normal((n, n)), jnp.float8_e4m3fn)
     b = jnp.asarray(rng.standard_normal((n, n)), jnp.float8_e4m3fn)
     mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-    t = _time(mm, (a, b), repeats, 1)
-    return bandwidth, 2 * n**3 / t / 1e12
+    return bandwidth, 2 * n**3 / _timing(mm, (a, b), repeats, 1).device / 1e12
 
 
 def run(quick: bool, repeats: int, reference: bool) -> str:
@@ -209,19 +255,22 @@ def run(quick: bool, repeats: int, reference: bool) -> str:
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # partial results survive
     device = jax.devices()[0]
     head = (f"jax {jax.__version__} on {device.device_kind}; copy {bw:.2f} TB/s (read+write), "
-            f"fp8 matmul {fp8:.0f} TFLOP/s (8192^3), measured in this run")
-    header = ("group", "cell", "kernel", "TB/s", "%copy", "TFLOP/s", "%fp8", "reference",
-              "speedup", "seed MI355X")
+            f"fp8 matmul {fp8:.0f} TFLOP/s (8192^3), measured in this run; times are device "
+            "time per call (CUPTI), wall = with host dispatch")
+    header = ("group", "cell", "kernel", "wall", "TB/s", "%copy", "TFLOP/s", "%fp8",
+              "reference", "speedup", "seed MI355X")
     return head + "\n" + format_table(header, rows, right_aligned=range(2, len(header)))
 
 
-def _row(cell, kernel, ref, bw, fp8):
-    tbs = cell.bytes_moved / kernel / 1e12
-    tflops = cell.flops / kernel / 1e12 if cell.flops else 0.0
+def _row(cell: Cell, kernel: Timing, ref: Timing | None, bw: float, fp8: float):
+    t = kernel.device
+    tbs = cell.bytes_moved / t / 1e12
+    tflops = cell.flops / t / 1e12 if cell.flops else 0.0
     seed = SEED_PREFILL_US.get(cell.label) if "prefill" in cell.group else None
     return (
-        cell.group, cell.label, f"{kernel * 1e6:.1f} us", f"{tbs:.2f}", f"{100 * tbs / bw:.0f}",
+        cell.group, cell.label, f"{t * 1e6:.1f} us", f"{kernel.wall * 1e6:.1f} us",
+        f"{tbs:.2f}", f"{100 * tbs / bw:.0f}",
         f"{tflops:.0f}" if cell.flops else "-", f"{100 * tflops / fp8:.0f}" if cell.flops else "-",
-        f"{ref * 1e6:.1f} us" if ref else "-", f"{ref / kernel:.0f}x" if ref else "-",
+        f"{ref.device * 1e6:.1f} us" if ref else "-", f"{ref.device / t:.0f}x" if ref else "-",
         f"{seed} us" if seed else "-",
     )
