@@ -30,6 +30,8 @@ def _cases():
     e4m3 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float8_e4m3fn)  # noqa: E731
     return {
         "write_cache": (lambda p, x, s: jm.write_cache(p, x, s), (kv, bf16(8, 1, 128), i32(8))),
+        "write_cache_sorted_slots": (lambda p, x, s: jm.write_cache(p, x, s),
+                                     (kv, bf16(5000, 1, 128), i32(5000))),
         "index_decode": (
             lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE),
             (bf16(8, 1, 128), pool, i32(8, 16), i32(8), i32(8)),
@@ -111,3 +113,21 @@ def test_param_count_is_read_from_the_code_object():
         attrs = good.attributes()
         assert attrs["param_kinds"].tolist() == [0, 1, 0, 4, 4]
         assert np.asarray(attrs["block"]).tolist()[0] == 4 * target.warp_size
+
+
+def test_last_writer_slots_keep_only_each_slots_last_row():
+    """The sort-based last-writer rule of large writes against a plain loop. (Mutation:
+    keeping the first of each run instead of the last fails here.)"""
+    from jax_mxfp4.gpu.lowering import last_writer_slots
+
+    rng = np.random.default_rng(0)
+    for rows, span in ((1, 4), (50, 10), (3000, 500), (3000, 5000)):
+        slots = rng.integers(-3, span, rows).astype(np.int32)
+        expected = slots.copy()
+        seen = set()
+        for r in range(rows - 1, -1, -1):
+            if slots[r] in seen:
+                expected[r] = -1
+            seen.add(int(slots[r]))
+        got = np.asarray(jax.jit(last_writer_slots)(slots))
+        np.testing.assert_array_equal(got, expected)

@@ -68,10 +68,14 @@ def test_write_cache(rng, round_mode, heads):
     np.testing.assert_array_equal(kernel, ref)
 
 
-def test_write_cache_duplicate_slots_keep_the_last_row(rng):
+@pytest.mark.parametrize("rows", [40, 5000], ids=["kernel_scan", "sorted_slots"])
+def test_write_cache_duplicate_slots_keep_the_last_row(rng, rows):
+    """Duplicated slots keep their last row, whether the kernel scans for later writers
+    (up to lowering.KERNEL_DEDUP_MAX_ROWS rows) or the slots are sorted first."""
     pool = random_pages(rng, (8, 1))
-    x = oracle.to_bf16(rng.standard_normal((40, 1, 128)))
-    slots = rng.integers(0, 60, 40).astype(np.int32)
+    x = oracle.to_bf16(rng.standard_normal((rows, 1, 128)))
+    slots = rng.integers(-5, 8 * 128 + 5, rows).astype(np.int32)
+    slots[: rows // 2] = slots[rows // 2:][: rows // 2]  # every slot of the first half recurs
     out = np.asarray(jax.jit(jm.write_cache)(pool, x, slots))
     np.testing.assert_array_equal(out, oracle.write_cache(pool, x, slots))
 
