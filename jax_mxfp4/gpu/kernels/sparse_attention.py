@@ -207,7 +207,8 @@ def plan(num_rows: int, group: int, num_pages: int, num_sms: int = 132) -> Plan:
     while splits * 2 <= min(want, num_pages // 2):
         splits *= 2
     pages = triton.cdiv(max(num_pages, 1), splits)
-    # 8 warps: with 4, the [128, 128] V tile and the accumulators took 244 registers a thread,
-    # two programs per SM (ncu on the H200, 256 rows x 16 pages). Not yet shown faster in a
-    # side-by-side run: bench/RESULTS.md has the numbers of both.
-    return Plan(gp, splits, pages, 8)
+    # Side by side on the H200 (bench/gpu_diagnose.py --probes), 4 / 8 warps: 18.7 / 16.8 us
+    # for 1 row (8 programs), 23.9 / 23.9 us for 32 rows (256), 141.3 / 165.6 us for 256 rows
+    # (1024): 8 warps while the grid is under two programs per SM, else 4.
+    warps = 8 if num_rows * splits < 2 * num_sms else 4
+    return Plan(gp, splits, pages, warps)
