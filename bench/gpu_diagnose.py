@@ -5,10 +5,14 @@
 2. The bench harness floor: a jit of 10 trivial ops timed exactly as the bench times a cell.
 3. CUPTI kernel times (``jax.profiler`` trace) of selected bench cells by kernel, next to the
    bench's wall time per call.
+
+``--probes`` instead times write_cache's kernel with and without its last-writer scan, and
+the attention kernel at 4 and 8 warps.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -66,30 +70,87 @@ def harness_floor() -> None:
 
 
 def profile_cell(cell, calls=10) -> None:
-    rng = np.random.default_rng(0)
-    fn, varying, shared = cell.make(rng, calls)
-    n = len(varying)
-
-    def many(*args):
-        return [fn(*args[i], *args[n:]) for i in range(n)]
-
-    args = (*varying, *shared)
-    with backend_scope("auto"):
-        compiled = jax.jit(many).lower(*args).compile()
-    if PLAIN:  # under ncu, which owns CUPTI: just run
-        print(f"== {cell.group} {cell.label}: wall {_time(compiled, args) / n * 1e6:.1f} us")
+    if PLAIN:  # under ncu, which owns CUPTI: just run the kernels
+        rng = np.random.default_rng(0)
+        fn, varying, shared = cell.make(rng, calls)
+        args = (*varying[0], *shared)
+        with backend_scope("auto"):
+            compiled = jax.jit(fn).lower(*args).compile()
+        print(f"== {cell.group} {cell.label}: wall {_time(compiled, args) * 1e6:.1f} us")
         return
-    t = bench_gpu._timing(compiled, args, 20, n)
+    t = bench_gpu._measure(cell, np.random.default_rng(0), 20, calls, "auto")
     print(f"\n== {cell.group} {cell.label}: wall {t.wall * 1e6:.1f} us/call, GPU "
           f"{t.device * 1e6:.1f} us/call")
     for name, dur in sorted(t.kernels.items(), key=lambda kv: -kv[1])[:6]:
         print(f"   {dur * 1e6:9.2f} us/call  {name[:70]}")
 
 
+def write_dedup_cost(tokens=(32, 4096, 16384), device: str = "cuda", timer=None) -> None:
+    """write_cache's kernel with and without its last-writer scan (``DEDUP``), launched by
+    Triton on torch tensors and timed with ``triton.testing.do_bench`` (distinct slots, so
+    both variants write the same bytes)."""
+    import torch
+    import triton
+
+    from jax_mxfp4.gpu.kernels import write_cache as K
+
+    timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
+    for t in tokens:
+        pages = max(1024, t // 64)
+        pool = torch.zeros((pages, 1, 8704), dtype=torch.uint8, device=device)
+        x = torch.randn((t, 1, 128), device=device).to(torch.bfloat16)
+        slots = torch.randperm(pages * 128, device=device)[:t].to(torch.int32)
+        kernel = K.write_cache_kernel[K.grid(t)]
+        args = (pool, x, slots, pool, t, 1, pages)
+        times = [timer(functools.partial(kernel, *args, ROUND=0, ROWS=K.rows_per_program(t),
+                                         SCAN=256, DEDUP=dedup)) for dedup in (True, False)]
+        print(f"write_cache {t} tokens: {times[0]:.1f} us with the last-writer scan, "
+              f"{times[1]:.1f} us without")
+
+
+def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> None:
+    """attention_kernel at 4 and 8 warps, side by side (Triton launches on torch tensors,
+    ``triton.testing.do_bench``): the split partials of 1, 32 and 256 rows x 16 pages."""
+    import torch
+    import triton
+
+    from jax_mxfp4.gpu.kernels import sparse_attention as K
+
+    timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
+    gen = torch.Generator().manual_seed(0)
+    pages = 4096
+    pool = torch.randint(0, 256, (pages, 1, 8704), dtype=torch.uint8, generator=gen)
+    pool[..., 8192:] = torch.randint(120, 132, (pages, 1, 512), dtype=torch.uint8,
+                                     generator=gen)
+    pool = pool.to(device)
+    for rows in sizes:
+        plan = K.plan(rows, 16, 16)
+        q = torch.randn((rows, 16, 128), generator=gen).to(torch.bfloat16).to(device)
+        table = torch.randint(0, pages, (rows, 16), dtype=torch.int32, generator=gen).to(device)
+        ctx = torch.full((rows,), 16 * 128, dtype=torch.int32, device=device)
+        parts = rows * plan.splits * plan.gp
+        o = torch.empty((parts * 128,), dtype=torch.bfloat16, device=device)
+        m = torch.empty((parts,), dtype=torch.float32, device=device)
+        l_ = torch.empty((parts,), dtype=torch.float32, device=device)
+        times = []
+        for warps in (4, 8):
+            kernel = K.attention_kernel[(rows, plan.splits, 1)]
+            times.append(timer(functools.partial(
+                kernel, q, pool, pool, table, ctx, o, o, m, l_, 1, pages, 16, 128**-0.5,
+                G=16, GP=plan.gp, PAGES=plan.pages, SPLITS=plan.splits, Q_IS_FP8=False,
+                MXFP8=False, USE_FP8=False, num_warps=warps)))
+        print(f"attention_kernel {rows} rows x 16 pages ({plan.splits} splits): "
+              f"{times[0]:.1f} us at 4 warps, {times[1]:.1f} us at 8")
+
+
 PLAIN = "--plain" in sys.argv
 
 
 def main() -> int:
+    if "--probes" in sys.argv:
+        write_dedup_cost()
+        attention_warps()
+        return 0
     e4m3_check()
     harness_floor()
     wanted = {a for a in sys.argv[1:] if a != "--plain"} or {

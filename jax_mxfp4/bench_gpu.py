@@ -221,9 +221,10 @@ def cells(quick: bool = False) -> list[Cell]:
         out += [attention_cell(f"N={n} bf16", rows, group=group),
                 attention_cell(f"N={n} bf16+quantize", rows, group=group, quant=True),
                 attention_cell(f"N={n} fused mxfp8", rows, "mxfp8", group=group)]
-    out += [write_cell(32), write_cell(4096), select_cell(32, 131072), select_cell(4096, 32768)]
+    out += [write_cell(32), write_cell(4096), write_cell(16384), select_cell(32, 131072),
+            select_cell(4096, 32768)]
     if quick:
-        return [out[0], out[6], out[13], out[19], out[-4]]
+        return [out[0], out[6], out[13], out[19], out[-5]]
     return out
 
 
