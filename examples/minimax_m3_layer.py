@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mxfp4 as jm
-from jax_mxfp4.demo.layer import HEAD_DIM, PAGE, SM_SCALE, TOPK, cache_slots, rms_norm, rope
+from jax_mxfp4.demo.layer import HEAD_DIM, PAGE, SM_SCALE, TOPK, rms_norm, rope
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 
@@ -140,10 +140,8 @@ def attention_block(p, pools, x, positions, requests, table, mesh: Mesh):
     ik = project(p["wik"][:, None], p["ik_norm"])[:, 0].astype(BF16)
 
     k_pool, v_pool, index_pool = pools
-    slots = cache_slots(table, positions, requests)
-    k_pool = jm.write_cache(k_pool, k, slots)
-    v_pool = jm.write_cache(v_pool, v, slots)
-    index_pool = jm.write_cache(index_pool, ik, slots)
+    slots = jm.slot_mapping(table, positions, requests)
+    k_pool, v_pool, index_pool = jm.write_kv_cache(k_pool, v_pool, index_pool, k, v, ik, slots)
     scores = jm.index_scores(iq, index_pool, table, positions, requests,
                              num_blocks=table.shape[1], sm_scale=SM_SCALE)
     sel = jm.select_blocks(scores, table, positions, requests, topk=TOPK)

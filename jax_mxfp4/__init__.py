@@ -12,7 +12,13 @@ SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp 
 """
 
 from jax_mxfp4 import reference
-from jax_mxfp4.api import index_scores, select_blocks, sparse_attention, write_cache
+from jax_mxfp4.api import (
+    index_scores,
+    select_blocks,
+    sparse_attention,
+    write_cache,
+    write_kv_cache,
+)
 from jax_mxfp4.backend import backend_scope, get_backend, set_backend
 from jax_mxfp4.formats import (
     HEAD_DIM,
@@ -25,7 +31,7 @@ from jax_mxfp4.formats import (
 )
 from jax_mxfp4.pages import dequantize_pool, new_pool
 from jax_mxfp4.reference import SparseSelection
-from jax_mxfp4.rows import decode_rows, prefill_rows
+from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
 
 __version__ = "0.1.0"
 
@@ -48,6 +54,8 @@ __all__ = [
     "reference",
     "select_blocks",
     "set_backend",
+    "slot_mapping",
     "sparse_attention",
     "write_cache",
+    "write_kv_cache",
 ]

@@ -29,6 +29,54 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
     return primitives.write_cache(pool, x, slots, round_mode=round_mode)
 
 
+def write_kv_cache(
+    k_pool, v_pool, index_pool, k, v, index_k, slots, *, index_slots=None,
+    round_mode: str = "up",
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray | None]:
+    """One step's keys, values and index keys into their MXFP4 caches (SPEC §3).
+
+    Args:
+      k_pool, v_pool: ``uint8[P, Hkv, 8704]``.
+      index_pool: ``uint8[P_index, 8704]``, or ``None`` for a layer that reuses another
+        layer's block selection and keeps no index cache (then ``index_k`` is ``None`` too).
+      k, v: float ``[T, Hkv, 128]``; index_k: float ``[T, 128]`` or ``None``.
+      slots: ``int32 | int64 [T]`` K/V cache slots (``slot_mapping``); slots < 0 or past the
+        pool are not written.
+      index_slots: the index cache's slots, ``slots`` by default.
+      round_mode: e8m0 scale rounding, ``"up"`` (default), ``"even"`` or ``"down"``.
+    Returns:
+      ``(k_pool, v_pool, index_pool)`` updated (``index_pool`` stays ``None``). Under ``jit``
+      with the pools donated, every update happens in place. Each cache is one
+      ``write_cache`` launch.
+    """
+    if (index_pool is None) != (index_k is None):
+        raise ValueError("index_pool and index_k must be given together (or both None for a "
+                         "layer without an index cache)")
+    if index_pool is None and index_slots is not None:
+        raise ValueError("index_slots needs index_pool and index_k")
+    k_pool, v_pool, k, v, slots = map(jnp.asarray, (k_pool, v_pool, k, v, slots))
+    validate.write_cache_args(k_pool, k, slots, round_mode, ("k_pool", "k", "slots"))
+    validate.write_cache_args(v_pool, v, slots, round_mode, ("v_pool", "v", "slots"))
+    if k_pool.ndim != 3:
+        raise ValueError(f"k_pool must be uint8[P, Hkv, 8704], got shape {list(k_pool.shape)}")
+    k_pool = primitives.write_cache(k_pool, k, slots, round_mode=round_mode)
+    v_pool = primitives.write_cache(v_pool, v, slots, round_mode=round_mode)
+    if index_pool is None:
+        return k_pool, v_pool, None
+    index_pool, index_k = jnp.asarray(index_pool), jnp.asarray(index_k)
+    index_slots = slots if index_slots is None else jnp.asarray(index_slots)
+    if index_pool.ndim != 2:
+        raise ValueError(f"index_pool must be uint8[P, 8704], got shape "
+                         f"{list(index_pool.shape)}")
+    if index_k.ndim < 1 or index_k.shape[0] != k.shape[0]:
+        raise ValueError(f"index_k must have T={k.shape[0]} rows like k, got shape "
+                         f"{list(index_k.shape)}")
+    validate.write_cache_args(index_pool, index_k, index_slots, round_mode,
+                              ("index_pool", "index_k", "index_slots"))
+    index_pool = primitives.write_cache(index_pool, index_k, index_slots, round_mode=round_mode)
+    return k_pool, v_pool, index_pool
+
+
 def index_scores(
     q, index_pool, block_table, positions, requests, *, num_blocks: int, sm_scale: float,
     q_round: str = "e4m3",

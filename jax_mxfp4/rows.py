@@ -1,12 +1,15 @@
 """Query-row metadata: each row has an absolute position (-1 = padding) and a request.
 
 Every operation takes rows in this one form, so prefill (ragged chunks) and decode (S tokens
-per request) share the same kernels (SPEC §2.2, §15.11).
+per request) share the same kernels (SPEC §2.2, §15.11). ``slot_mapping`` turns rows into the
+cache slots their keys are written to.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+
+from jax_mxfp4.formats import PAGE_TOKENS
 
 
 def _int_vector(x, name: str) -> jnp.ndarray:
@@ -65,3 +68,33 @@ def decode_rows(seq_lens, tokens_per_request: int) -> tuple[jnp.ndarray, jnp.nda
     positions = (seq[:, None] - s + steps[None, :]).reshape(-1)
     requests = jnp.repeat(jnp.arange(seq.shape[0], dtype=jnp.int32), s)
     return jnp.where(positions >= 0, positions, -1).astype(jnp.int32), requests
+
+
+def slot_mapping(block_table, positions, requests) -> jnp.ndarray:
+    """The cache slot of each row, for ``write_cache``: ``int32[T]``.
+
+    Args:
+      block_table: int ``[B, W]``, logical block -> page of each request.
+      positions, requests: int ``[T]`` from ``prefill_rows`` / ``decode_rows``.
+    Returns:
+      ``block_table[requests, positions // 128] * 128 + positions % 128``, and -1 (not
+      written) for padding rows (position < 0), requests outside ``[0, B)``, blocks past the
+      table's width and negative pages, so that a bad row never lands in another row's page.
+    """
+    table = jnp.asarray(block_table)
+    if table.ndim != 2 or not jnp.issubdtype(table.dtype, jnp.integer):
+        raise TypeError(f"block_table must be a 2-D integer array, got {table.dtype}"
+                        f"{list(table.shape)}")
+    pos = _int_vector(positions, "positions")
+    req = _int_vector(requests, "requests")
+    if pos.shape != req.shape:
+        raise ValueError(f"positions and requests must have the same length, got "
+                         f"{pos.shape[0]} and {req.shape[0]}")
+    num_requests, width = table.shape
+    blocks = pos // PAGE_TOKENS
+    ok = (pos >= 0) & (req >= 0) & (req < num_requests) & (blocks < width)
+    if num_requests == 0 or width == 0:
+        return jnp.full(pos.shape, -1, jnp.int32)
+    pages = table[jnp.clip(req, 0, num_requests - 1), jnp.clip(blocks, 0, width - 1)]
+    ok = ok & (pages >= 0)
+    return jnp.where(ok, pages.astype(jnp.int32) * PAGE_TOKENS + pos % PAGE_TOKENS, -1)

@@ -108,18 +108,22 @@ def option(value, name: str, choices: tuple[str, ...]) -> str:
 # --- one check per operation --------------------------------------------------------------------
 
 
-def write_cache_args(pool_, x, slots, round_mode) -> None:
+def write_cache_args(pool_, x, slots, round_mode, names=("pool", "x", "slots")) -> None:
+    """``names``: what the caller calls the pool, the rows and the slots (errors name them)."""
+    pool_name, x_name, slots_name = names
     heads = pool_.ndim == 3
-    pool(pool_, "pool", heads=heads)
+    pool(pool_, pool_name, heads=heads)
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x must be a floating-point array, got {_describe(x)}")
+        raise TypeError(f"{x_name} must be a floating-point array, got {_describe(x)}")
     layout = f"[T, Hkv={pool_.shape[1]}, {HEAD_DIM}]" if heads else f"[T, {HEAD_DIM}]"
     if x.ndim != pool_.ndim or x.shape[-1] != HEAD_DIM or (heads and x.shape[1] != pool_.shape[1]):
-        raise ValueError(f"x must have shape {layout} to match the pool, got {_describe(x)}")
+        raise ValueError(
+            f"{x_name} must have shape {layout} to match {pool_name}, got {_describe(x)}"
+        )
     if not jnp.issubdtype(slots.dtype, jnp.integer) or jnp.dtype(slots.dtype).itemsize < 4:
-        raise TypeError(f"slots must be int32 or int64, got {_describe(slots)}")
-    rank_is(slots, "slots", 1, "[T]")
-    dim_is(slots, "slots", 0, x.shape[0], f"[T={x.shape[0]}]")
+        raise TypeError(f"{slots_name} must be int32 or int64, got {_describe(slots)}")
+    rank_is(slots, slots_name, 1, "[T]")
+    dim_is(slots, slots_name, 0, x.shape[0], f"[T={x.shape[0]}]")
     option(round_mode, "round_mode", ROUND_MODES)
 
 

@@ -81,17 +81,6 @@ def project(
     return q.astype(bf), k.astype(bf), v.astype(bf), iq.astype(bf), ik.astype(bf)
 
 
-def cache_slots(block_table: jax.Array, positions: jax.Array, requests: jax.Array) -> jax.Array:
-    """Cache slot (page * 128 + offset) of each row; -1 (not written) for padding rows.
-
-    ``block_table`` is int32 ``[B, num_blocks]``; ``positions`` and ``requests`` are int ``[T]``;
-    returns int32 ``[T]``.
-    """
-    blocks = jnp.clip(positions // PAGE, 0, block_table.shape[1] - 1)
-    pages = block_table[requests, blocks]
-    return jnp.where(positions >= 0, pages * PAGE + positions % PAGE, -1).astype(jnp.int32)
-
-
 def _layer(params, k_pool, v_pool, index_pool, x, positions, requests, block_table, num_blocks):
     """The sparse-attention layer on query rows ``x[T, hidden]`` with the given positions/requests.
 
@@ -99,10 +88,8 @@ def _layer(params, k_pool, v_pool, index_pool, x, positions, requests, block_tab
     the accuracy check reads (q, k, v and the selected block ids of kv head 0).
     """
     q, k, v, iq, ik = project(params, x, positions)
-    slots = cache_slots(block_table, positions, requests)
-    k_pool = jm.write_cache(k_pool, k, slots)
-    v_pool = jm.write_cache(v_pool, v, slots)
-    index_pool = jm.write_cache(index_pool, ik, slots)
+    slots = jm.slot_mapping(block_table, positions, requests)
+    k_pool, v_pool, index_pool = jm.write_kv_cache(k_pool, v_pool, index_pool, k, v, ik, slots)
     scores = jm.index_scores(
         iq, index_pool, block_table, positions, requests, num_blocks=num_blocks, sm_scale=SM_SCALE
     )

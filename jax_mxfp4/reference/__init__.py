@@ -16,7 +16,7 @@ from jax_mxfp4.reference.index_scores import index_scores
 from jax_mxfp4.reference.select_blocks import SparseSelection, select_blocks
 from jax_mxfp4.reference.sparse_attention import sparse_attention
 from jax_mxfp4.reference.write_cache import write_cache
-from jax_mxfp4.rows import decode_rows, prefill_rows
+from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
 
 __all__ = [
     "SparseSelection",
@@ -30,6 +30,7 @@ __all__ = [
     "quantize_mxfp4",
     "quantize_mxfp8",
     "select_blocks",
+    "slot_mapping",
     "sparse_attention",
     "write_cache",
 ]

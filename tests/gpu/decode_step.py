@@ -41,8 +41,7 @@ def build(prefill: bool, seed: int = 0):
     seq = np.full(requests, context, np.int32)
     rows = requests * s
     positions, reqs = jm.decode_rows(jnp.asarray(seq), s)
-    slots = (table[np.asarray(reqs), np.asarray(positions) // 128] * 128
-             + np.asarray(positions) % 128).astype(np.int32)
+    slots = jm.slot_mapping(table, positions, reqs)
     x = jnp.asarray(rng.standard_normal((rows, 128)), jnp.bfloat16)
     kx = jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
     q = jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
