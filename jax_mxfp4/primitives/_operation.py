@@ -151,6 +151,16 @@ def _partly_manual(ctx) -> bool:
 def define(op: Operation) -> Primitive:
     """Create the operation and kernel primitives of ``op``; returns the operation primitive."""
     OPERATIONS.append(op)
+    kernel = _kernel_primitive(op)
+
+    def per_shard(params: Params, *args):
+        return kernel.bind(*args, **dict(params))
+
+    return _operation_primitive(op, per_shard, _partitioned(op, per_shard))
+
+
+def _kernel_primitive(op: Operation) -> Primitive:
+    """The primitive that lowers to one backend's kernel (or the reference) on local shapes."""
     kernel = Primitive(f"{op.name}_kernel")
     kernel.multiple_results = op.multiple_results
     kernel.def_impl(partial(dispatch.apply_primitive, kernel))
@@ -161,10 +171,12 @@ def define(op: Operation) -> Primitive:
     if op.gpu_lowering is not None:
         for platform in GPU_PLATFORMS:
             mlir.register_lowering(kernel, _gpu_lowering(op, platform), platform=platform)
+    return kernel
 
-    def per_shard(params: Params, *args):
-        return kernel.bind(*args, **dict(params))
 
+def _partitioned(op: Operation, per_shard: Callable) -> Callable:
+    """``per_shard`` under ``custom_partitioning``: each shard runs the kernel on its slice,
+    ids shifted into it, as ``op.sharding`` plans (``_sharding.plan``)."""
     partitioned = custom_partitioning(per_shard, static_argnums=(0,))
 
     def rule_for(shapes) -> ShardingRule:
@@ -204,7 +216,12 @@ def define(op: Operation) -> Primitive:
     partitioned.def_partition(
         partition=partition, infer_sharding_from_operands=infer, sharding_rule=sharding_rule
     )
+    return partitioned
 
+
+def _operation_primitive(op: Operation, per_shard: Callable, partitioned: Callable) -> Primitive:
+    """The public primitive: abstract eval, batching, and a lowering through the partitioned
+    kernel call."""
     operation = Primitive(op.name)
     operation.multiple_results = op.multiple_results
     operation.def_impl(partial(dispatch.apply_primitive, operation))
