@@ -43,14 +43,9 @@ def e4m3_check() -> None:
               "elements differ from numpy")
 
 
-def _time(fn, args, repeats=20):
-    jax.block_until_ready(fn(*args))
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        out.append(time.perf_counter() - t0)
-    return float(np.median(out))
+def _time(fn, args) -> float:
+    """Median seconds of one blocking execution, as the bench times a cell."""
+    return bench_gpu._time(fn, args, repeats=20, calls=1)
 
 
 def harness_floor() -> None:

@@ -50,8 +50,6 @@ elif [ "$MODE" = diagnose ]; then
   grep -E "kernel|gpu__time_duration|==PROF==|Error" "$OUT/ncu.txt" | head -40
   XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=$OUT/dump_cb" \
     timeout 120 $PY tests/gpu/decode_step.py --json > "$OUT/cb.txt" 2>&1; echo "cb rc=$?"; tail -3 "$OUT/cb.txt"
-  ls "$OUT/dump_cb" | head -30; grep -il "command" "$OUT/dump_cb"/* | head
-  grep -ih "command_buffer\|CommandBuffer" "$OUT/dump_cb"/* | head -20
 else
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --repeats ${REPEATS:-10} > "$OUT/bench.txt" 2> "$OUT/bench_err.txt"
   echo "bench rc=$?"; cat "$OUT/bench.txt"; tail -5 "$OUT/bench_err.txt"

@@ -106,11 +106,10 @@ def _measure(cell: Cell, rng, repeats: int, calls: int, backend: str) -> Timing:
 
     def many(*args):
         if cell.chained:
-            state, rest, outs = args[n], args[n + 1:], []
+            state, rest = args[n], args[n + 1:]
             for i in range(n):
                 state = fn(*args[i], state, *rest)
-                outs.append(state)
-            return outs[-1]
+            return state
         return [fn(*args[i], *args[n:]) for i in range(n)]
 
     with backend_scope(backend):

@@ -91,10 +91,10 @@ def slot_mapping(block_table, positions, requests) -> jnp.ndarray:
         raise ValueError(f"positions and requests must have the same length, got "
                          f"{pos.shape[0]} and {req.shape[0]}")
     num_requests, width = table.shape
-    blocks = pos // PAGE_TOKENS
-    ok = (pos >= 0) & (req >= 0) & (req < num_requests) & (blocks < width)
     if num_requests == 0 or width == 0:
         return jnp.full(pos.shape, -1, jnp.int32)
+    blocks = pos // PAGE_TOKENS
+    ok = (pos >= 0) & (req >= 0) & (req < num_requests) & (blocks < width)
     pages = table[jnp.clip(req, 0, num_requests - 1), jnp.clip(blocks, 0, width - 1)]
     ok = ok & (pages >= 0)
     return jnp.where(ok, pages.astype(jnp.int32) * PAGE_TOKENS + pos % PAGE_TOKENS, -1)
