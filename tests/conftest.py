@@ -288,3 +288,21 @@ def attention_case(rng, context_lens, *, group=4, n_pages=16, q_dtype="bf16", q_
     q = rng.standard_normal((num_rows, num_kv * group, 128)) * q_scale
     q = oracle.to_e4m3(q) if q_dtype == "e4m3" else oracle.to_bf16(q)
     return AttentionCase(q, k_pool, v_pool, table, ctx)
+
+
+def large_value_case(rng, context_lens, *, group=4) -> AttentionCase:
+    """SPEC §7 "PV range": every live V element is +-2**127 or +-1.5 * 2**127 (scale bytes
+    253/254, the largest finite bf16-exact MXFP4 values), so the output (a weighted mean of V)
+    is finite (about 2e38) but an unnormalized fp32 sum of P.V over two tokens overflows."""
+    case = attention_case(rng, context_lens, group=group, k_scales=(122, 126))
+    num_rows, num_kv = case.context_lens.shape
+    for t in range(num_rows):
+        for h in range(num_kv):
+            for page in case.page_table[t, h, : math.ceil(case.context_lens[t, h] / 128)]:
+                big = rng.random((128, 4)) < 0.5  # byte 254: codes 1.0/1.5; 253: 2.0/3.0
+                mags = np.where(np.repeat(big, 32, axis=1), rng.integers(2, 4, (128, 128)),
+                                rng.integers(4, 6, (128, 128)))
+                codes = mags | ((np.arange(128) % 2) << 3)  # one sign per dim: no cancelling
+                case.v_pool[page, h] = mxfp4_pages_from(codes.astype(np.uint8),
+                                                        np.where(big, 254, 253), ())
+    return case

@@ -29,6 +29,8 @@ tests are those that failed, not just the ones meant to catch it).
   * q_scale floor 1e-20 instead of FLT_MIN (Q = 2**-133 flushed) -> test_extreme_scales [2].
   * sm_scale applied twice -> test_matches_oracle [24], test_extreme_scales [2] and more.
   * MXFP8 output quantized from a transposed (not row-major) view -> test_mxfp8_output [4].
+  * the reference's weights divided by their sum after the PV einsum, not before (edited in
+    place, then restored; 2026-11-29, third session) -> test_pv_range[reference] (inf).
   (The MXFP8 scale-threshold mutation is caught by test_formats, not here: random attention
   outputs almost never have a block amax with mantissa exactly 1.75.)
 """
@@ -40,7 +42,14 @@ import re
 import numpy as np
 import oracle
 import pytest
-from conftest import BF16, SM_SCALE, attention_case, call, mxfp4_pages_from
+from conftest import (
+    BF16,
+    SM_SCALE,
+    attention_case,
+    call,
+    large_value_case,
+    mxfp4_pages_from,
+)
 
 import jax_mxfp4 as jm
 
@@ -156,6 +165,18 @@ def test_extreme_scales(impl, rng):
         assert abs(want[t].mean() - expected[t]) < 4e-3, (t, want[t].mean())
         np.testing.assert_allclose(got[t], want[t], rtol=1e-2, atol=1e-2, err_msg=f"row {t}")
     assert abs(expected[3] - 0.175) < 1e-3
+
+
+def test_pv_range(impl, rng):
+    """SPEC §7/§11 "PV range": V near the fp32 maximum (|V| up to 1.5 * 2**127) over up to
+    2048 tokens gives a finite output (the weighted mean), not inf from an fp32 P.V sum."""
+    ctx = np.array([[2048], [1], [300], [1999]], np.int32)
+    case = large_value_case(rng, ctx, group=4)
+    got = run(impl, case)
+    want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+    assert np.abs(want.astype(np.float64)).min() > 1e38  # the oracle's outputs are huge
+    assert np.isfinite(got.astype(np.float32)).all()
+    assert_close(got, want)
 
 
 def test_query_normalization_ties(impl, rng):

@@ -14,6 +14,7 @@ from conftest import (
     SM_SCALE,
     attention_case,
     decode_index_case,
+    large_value_case,
     prefill_index_case,
     random_pages,
 )
@@ -142,7 +143,7 @@ def test_select_blocks(rng, topk, init, local):
     assert_bits(kernel, ref)
 
 
-@pytest.mark.parametrize("rows", [1, 7, 300], ids=["split", "split7", "direct"])
+@pytest.mark.parametrize("rows", [1, 7, 600], ids=["split", "split7", "direct"])
 @pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
 def test_sparse_attention(rng, rows, q_dtype):
     ctx = rng.integers(0, 16 * 128 + 1, (rows, 1))
@@ -155,6 +156,25 @@ def test_sparse_attention(rng, rows, q_dtype):
     ok, why = oracle.attention_close(out, expected)
     assert ok, why
     assert np.all(out[0].astype(np.float32) == 0)
+
+
+@pytest.mark.parametrize("rows", [1, 600], ids=["split", "direct"])
+def test_sparse_attention_pv_range(rng, rows):
+    """SPEC §7 "PV range": |V| up to 1.5 * 2**127 over 2048 tokens stays finite, through the
+    split-K merge (1 row: 8 splits) and the direct path (600 rows: 1 split)."""
+    from jax_mxfp4.gpu.kernels.sparse_attention import plan
+
+    assert (plan(rows, 16, 16).splits == 1) == (rows == 600)
+    ctx = np.full((rows, 1), 2048, np.int32)
+    ctx[-1, 0] = 1999
+    case = large_value_case(rng, ctx, group=16)
+    with backend_scope("auto"):
+        out = np.asarray(jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE))(
+            *case.args()))
+    expected = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+    assert np.abs(expected.astype(np.float64)).min() > 1e38
+    ok, why = oracle.attention_close(out, expected)
+    assert ok, why
 
 
 @pytest.mark.parametrize("rows", [1, 24, 300])

@@ -6,9 +6,11 @@ the first ``context_lens[t, h]`` virtual tokens of its pages. ``attention_kernel
 ``(r, s)`` takes pages ``s * PAGES .. s * PAGES + PAGES - 1`` with an online base-2 softmax:
 QK as four ``K = 32`` tensor-core dots per page (``mxfp4.page_logits``, the bf16 query
 normalized per q head to e4m3 as the reference does), P in bf16 against V dequantized exactly
-to bf16. With one split it normalizes and stores the output itself (bf16, or the MXFP8 values
-and scales); with several it stores per-split partials ``(m, l, o = O / l in bf16)`` that
-``reduce_kernel`` merges with weights ``exp(m_p - M) * l_p`` before the same epilogue. A row
+to bf16. P is divided by the running sum before the PV dot, so the accumulator is always a
+weighted mean of V and cannot overflow where the output is finite (SPEC §7 "PV range"). With
+one split the kernel stores the output itself (bf16, or the MXFP8 values and scales); with
+several it stores per-split partials ``(m, l, o = O / l in bf16)`` that ``reduce_kernel``
+merges with normalized weights ``exp(m_p - M) * l_p / sum`` before the same epilogue. A row
 with nothing to attend to outputs zeros.
 """
 
@@ -110,9 +112,14 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2((m_i - m_safe) * LOG2E)
     p = tl.exp2((logits - m_safe[:, None]) * LOG2E)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    l_old = l_i * alpha
+    l_i = l_old + tl.sum(p, axis=1)
+    # acc stays the weighted mean of V so far (weights summing to 1), so a large finite V
+    # cannot overflow the fp32 sum (SPEC §7 PV range) as an unnormalized P.V could.
+    inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
     v = mxfp4.page_values(v_codes, v_scales, live, PV_DTYPE)
-    acc = acc * alpha[:, None] + tl.dot(p.to(PV_DTYPE), v)
+    p_norm = (p * inv_l[:, None]).to(PV_DTYPE)
+    acc = acc * (l_old * inv_l)[:, None] + tl.dot(p_norm, v)
     return m_new, l_i, acc
 
 
@@ -147,8 +154,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
                 m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
                                              v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
                                              acc, g_ok, USE_FP8, PV_DTYPE)
-    safe_l = tl.where(l_i > 0, l_i, 1.0)
-    o = tl.where((l_i > 0)[:, None], acc / safe_l[:, None], 0.0)
+    o = tl.where((l_i > 0)[:, None], acc, 0.0)
     if SPLITS == 1:
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
     else:
@@ -157,6 +163,13 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         tl.store(l_ptr + part, l_i)
         d = tl.arange(0, 128)
         tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
+
+
+@triton.jit
+def _split_weight(m_ptr, l_ptr, part, safe_m):
+    """``exp(m_p - M) * l_p`` of the partials at ``part`` (0 for an empty split)."""
+    l_p = tl.load(l_ptr + part)
+    return tl.where(l_p > 0, tl.exp2((tl.load(m_ptr + part) - safe_m) * LOG2E) * l_p, 0.0)
 
 
 @triton.jit
@@ -176,15 +189,15 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
         big_m = tl.maximum(big_m, tl.load(m_ptr + first + s * GP))
     safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     total = tl.zeros((GP,), tl.float32)
-    num = tl.zeros((GP, 128), tl.float32)
+    for s in range(SPLITS):
+        total += _split_weight(m_ptr, l_ptr, first + s * GP, safe_m)
+    # Weights normalized before the sum, as in the attention kernel: no overflow of large V.
+    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+    out = tl.zeros((GP, 128), tl.float32)
     for s in range(SPLITS):
         part = first + s * GP
-        l_p = tl.load(l_ptr + part)
-        w = tl.where(l_p > 0, tl.exp2((tl.load(m_ptr + part) - safe_m) * LOG2E) * l_p, 0.0)
-        o = tl.load(o_ptr + part[:, None] * 128 + d[None, :]).to(tl.float32)
-        total += w
-        num += w[:, None] * o
-    out = tl.where((total > 0)[:, None], num / tl.where(total > 0, total, 1.0)[:, None], 0.0)
+        w = _split_weight(m_ptr, l_ptr, part, safe_m) * inv_total
+        out += w[:, None] * tl.load(o_ptr + part[:, None] * 128 + d[None, :]).to(tl.float32)
     _store_output(out, out_ptr, aux_ptr, t, h * G, g, g < G, HKV * G, MXFP8)
 
 
