@@ -7,7 +7,7 @@
    bench's wall time per call.
 
 ``--probes`` instead times write_cache's kernel with and without its last-writer scan, and
-the attention kernel at 4 and 8 warps.
+the attention kernel at 4 and 8 warps; ``--index-variants`` the index scorer's decode tilings.
 """
 
 from __future__ import annotations
@@ -138,6 +138,56 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
               f"{times[0]:.1f} us at 4 warps, {times[1]:.1f} us at 8")
 
 
+def index_variants(device: str = "cuda", timer=None,
+                   shapes=((32, 1, 1024), (4, 1, 4096), (32, 1, 64), (8, 4, 1024))) -> None:
+    """index_scores_kernel's decode tilings side by side (Triton launches on torch tensors,
+    ``triton.testing.do_bench``): the 16-row tensor-core tile, and for one row per tile the
+    CUDA-core scoring at 1, 2 or 4 blocks per program and 4 or 8 warps. Shapes: (requests
+    B, rows per request S, blocks per request); one index head, every block live."""
+    import dataclasses
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from jax_mxfp4.gpu.kernels import index_scores as K
+
+    timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
+    gen = torch.Generator().manual_seed(0)
+    for b, s, nb in shapes:
+        t, pages = b * s, b * nb
+        pool = torch.randint(0, 256, (pages, 8704), dtype=torch.uint8, generator=gen)
+        pool[:, 8192:] = torch.randint(120, 132, (pages, 512), dtype=torch.uint8, generator=gen)
+        pool = pool.to(device)
+        q = torch.randn((t, 1, 128), generator=gen).to(torch.bfloat16).to(device)
+        table = torch.randperm(pages, generator=gen).to(torch.int32).reshape(b, nb).to(device)
+        pos = torch.full((t,), nb * 128 - 1, dtype=torch.int32, device=device)
+        req = torch.arange(t, dtype=torch.int32, device=device) // s
+        out = torch.empty((1, t, nb), dtype=torch.float32, device=device)
+        base = K.plan(t, 1, b, nb)
+        grid1 = (base.grid[0], nb, 1)
+        variants = {"tensor cores": dataclasses.replace(base, blocks=1, grid=grid1,
+                                                        one_row=False)}
+        if base.one_row:
+            for blocks in (1, 2, 4):
+                for warps in (4, 8):
+                    grid = (base.grid[0], triton.cdiv(nb, blocks), 1)
+                    variants[f"cuda cores {blocks} blk {warps} w"] = dataclasses.replace(
+                        base, blocks=blocks, grid=grid, num_warps=warps)
+        times = []
+        for plan in variants.values():
+            kernel = K.index_scores_kernel[plan.grid]
+            times.append(timer(functools.partial(
+                kernel, q, pool, table, pos, req, out, t, b, nb, pages, nb, 1.0, H=1,
+                ROWS=plan.rows, M=plan.m, BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True,
+                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row,
+                num_warps=plan.num_warps)))
+        gbs = [pages * 68 * 128 / (x * 1e-6) / 1e9 for x in times]
+        rows = zip(variants, times, gbs, strict=True)
+        print(f"index_scores b{b} S{s} {nb} blocks (plan: {base.blocks} blk): "
+              + ", ".join(f"{name} {x:.1f} us ({g:.0f} GB/s)" for name, x, g in rows))
+
+
 PLAIN = "--plain" in sys.argv
 
 
@@ -145,6 +195,9 @@ def main() -> int:
     if "--probes" in sys.argv:
         write_dedup_cost()
         attention_warps()
+        return 0
+    if "--index-variants" in sys.argv:
+        index_variants()
         return 0
     e4m3_check()
     harness_floor()

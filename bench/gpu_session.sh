@@ -31,7 +31,7 @@ if [ "$MODE" = tests ]; then
 elif [ "$MODE" = profile ]; then
   # Nsight Compute's view of one launch of each main kernel at a decode and a prefill size.
   for cell in "index_scores_kernel|b32 S1 H1 ctx 128K" "index_scores_kernel|b1 q4096 ctx 8K" \
-              "attention_kernel|256 rows x 16 pages"; do
+              "attention_kernel|256 rows x 16 pages" "select_blocks_kernel|4096 rows ctx 32K"; do
     kernel=${cell%%|*}; label=${cell#*|}
     timeout 150 ncu --clock-control none -k regex:"$kernel" --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \

@@ -138,7 +138,7 @@ def index_scores(ctx, q, pool, table, positions, requests, *, num_blocks, sm_sca
          "P": "i32", "NB": "i32", "score_scale": "fp32"},
         {"H": heads, "ROWS": plan.rows, "M": plan.m, "BLOCKS": plan.blocks,
          "Q_IS_FP8": q_fp8, "ROUND_Q": round_q, "USE_FP8": use_fp8,
-         "DOT_DTYPE": _triton_dtype(dot)},
+         "DOT_DTYPE": _triton_dtype(dot), "ONE_ROW": plan.one_row},
         num_warps=plan.num_warps,
     )
     grid = plan.grid if rows and num_blocks and requests_n else (0, 1, 1)

@@ -7,8 +7,9 @@ tiles one request's chunk, or the ends of two) and takes four ``K = 32`` tensor-
 one per scale group (``mxfp4.page_logits``). Every output element is written: ``-inf``
 where a row has no live token in the block.
 
-The tiling (decode-shaped: few rows per request, one block per program; prefill-shaped: up to
-64 dot rows per tile, a few blocks per program) is chosen from static shapes by :func:`plan`.
+The tiling (decode-shaped: few rows per request, one block per program, a single row scored
+on the CUDA cores; prefill-shaped: up to 64 dot rows per tile, a few blocks per program) is
+chosen from static shapes by :func:`plan`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,34 @@ def _query_group(q_ptr, m, row, head, row_ok, g, H: tl.constexpr, Q_IS_FP8: tl.c
 
 
 @triton.jit
+def _query_row(q_ptr, row, row_ok, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr):
+    """The query of row ``row`` (one head) as fp32 ``[16, 8]`` (element ``8w + k`` at
+    ``[w, k]``), rounded as the dots would round it."""
+    e = tl.arange(0, 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    x = tl.load(q_ptr + row.to(tl.int64) * 128 + e, mask=row_ok, other=0.0).to(tl.float32)
+    if ROUND_Q:
+        x = mxfp4.round_e4m3(x).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P):
+    """Block ``j``'s max logit of a tile whose only dot row is row 0 (-inf elsewhere)."""
+    m = tl.arange(0, req.shape[0])
+    req0 = tl.max(tl.where(m == 0, req, -1), axis=0)
+    pos0 = tl.max(tl.where((m == 0) & live, pos, -1), axis=0)
+    best = tl.full(req.shape, float("-inf"), tl.float32)
+    if pos0 >= j * 128:  # row 0 is live (its request is valid) and reaches block j
+        page = tl.load(table_ptr + req0.to(tl.int64) * W + j)
+        if (page >= 0) & (page < P):
+            dots, expo = mxfp4.row_page_logits(q_row, pool_ptr + page.to(tl.int64) * 8704)
+            tok = j * 128 + tl.arange(0, 128)
+            logits = tl.where(tok <= pos0, mxfp4.mul_pow2(dots, expo), float("-inf"))
+            best = tl.where(m == 0, tl.max(logits, axis=0), best)
+    return best
+
+
+@triton.jit
 def _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
                  USE_FP8: tl.constexpr):
     """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere)."""
@@ -56,9 +85,11 @@ def _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, 
 def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B, W, P, NB,
                         score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
                         BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
-                        USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                        USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                        ONE_ROW: tl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
-    positions and requests ``s32[T]``."""
+    positions and requests ``s32[T]``. ``ONE_ROW``: tiles of one dot row, scored on the CUDA
+    cores (``mxfp4.row_page_logits``)."""
     first_row = tl.program_id(0) * ROWS
     m = tl.arange(0, M)
     row = first_row + m // H
@@ -77,10 +108,15 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     req_lo = tl.min(tl.where(live, req, B), axis=0)
     req_hi = tl.max(tl.where(live, req, -1), axis=0)
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
+    if ONE_ROW:
+        q_row = _query_row(q_ptr, first_row, first_row < T, Q_IS_FP8, ROUND_Q)
     for jj in range(BLOCKS):
         j = tl.program_id(1) * BLOCKS + jj
         best = tl.full((M,), float("-inf"), tl.float32)
-        if (j < NB) & (j * 128 <= reach):
+        if ONE_ROW:
+            if j < NB:
+                best = _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P)
+        elif (j < NB) & (j * 128 <= reach):
             for req_r in range(req_lo, req_hi + 1):
                 best = tl.maximum(best, _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req,
                                                      pos, live, j, req_r, W, P, USE_FP8))
@@ -94,6 +130,7 @@ class Plan:
     blocks: int  # blocks per program
     grid: tuple[int, int, int]
     num_warps: int
+    one_row: bool  # one dot row per tile: CUDA-core scoring
 
 
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
@@ -101,10 +138,13 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
     decode depth S, or a prefill chunk), capped at 64 dot rows.
 
-    Decode-shaped tiles (under 64 dot rows) take one block per program: tens of thousands of
-    small programs, none waiting on a page for another block. Prefill-shaped tiles take a few
-    blocks per program, reusing the loaded query tile, while the grid keeps at least two
-    waves of programs.
+    A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
+    a 16-row tensor-core tile would be 15/16 padding (H200, b32 S1 ctx 128K, side by side:
+    327 us on the tensor cores, 139 us on the CUDA cores). Decode-shaped tiles (under 64 dot
+    rows) take one block per program: tens of thousands of small programs, none waiting on a
+    page for another block (2 or 4 blocks per one-row program, sharing the query's
+    preparation, took 163 and 174 us). Prefill-shaped tiles take a few blocks per program,
+    reusing the loaded query tile, while the grid keeps at least two waves of programs.
     """
     per_request = max(1, num_rows // max(1, num_requests))
     # 64 dot rows at most: a 128-row tile needs 255 registers a thread and spills (measured
@@ -117,4 +157,4 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
         blocks = max(1, min(4, num_blocks, (row_tiles * num_blocks) // (2 * num_sms)))
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
-    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4)
+    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, rows * num_heads == 1)

@@ -1,13 +1,19 @@
 """Triton device functions shared by the kernels: MXFP4 page decoding and exact scaling.
 
 Hopper has no fp4 tensor cores, so a page's e2m1 codes are decoded in registers into e4m3
-bytes with one shift-and-mask per nibble: ``fp8 = (code & 7) << 2 | (code & 8) << 4`` is
-exactly ``e2m1(code) * 2**-6`` as e4m3 (code 1 lands on the e4m3 subnormal ``2**-7``). Those
+bytes with one shift-and-mask per nibble (:func:`nibble_e4m3`): ``(code & 7) << 2 | (code & 8)
+<< 4`` is exactly ``e2m1(code) * 2**-6`` as e4m3 (code 1: the e4m3 subnormal ``2**-7``). Those
 bytes feed the tensor cores directly (``tl.dot`` on e4m3) or after the hardware e4m3 -> fp16
 conversion (fp16 dots, exact products and fp32 accumulation). Each 32-element scale group is
 one ``K = 32`` dot; the group's e8m0 byte is applied to the dot's result relative to the
 token's largest byte (``2**(byte - max)``, at most 1, so nothing overflows), and the token's
 own ``2**(max - 127 + 6)`` is applied once per logit, as the reference does.
+
+Where no tensor-core operand is built (V pages before their bf16 widening, one-row index
+scoring on the CUDA cores), 32-bit code words are decoded two elements at a time into fp16
+pairs and widened to fp32 (:func:`words_fp32`). The same fp16 decode feeding the dots was
+measured slower on the H200 (16-bit elements through shared memory on the way to the dot's
+operand layout, against 8-bit e4m3 bytes).
 
 Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
 nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.
@@ -38,18 +44,72 @@ def mul_pow2(x, e):
 
 
 @triton.jit
+def nibble_e4m3(codes):
+    """e4m3 bits (uint8) of ``e2m1(code) * 2**-6`` for the low 4 bits of each of ``codes``."""
+    return ((codes & 7) << 2) | ((codes & 8) << 4)
+
+
+@triton.jit
 def e2m1_group_fp8(page_ptr, tok, g):
     """e4m3 values ``e2m1 * 2**-6`` of scale group ``g`` (elements 32g..32g+31) of the tokens
     ``tok`` (int32 [N]) of one page: ``float8e4nv [N, 32]`` in element order."""
     i = tl.arange(0, 16)
     raw = tl.load(page_ptr + tok[:, None] * 64 + g * 16 + i[None, :])  # uint8 [N, 16]
-    lo = raw & 0xF
-    hi = raw >> 4
-    even = ((lo & 7) << 2) | ((lo & 8) << 4)
-    odd = ((hi & 7) << 2) | ((hi & 8) << 4)
-    pairs = tl.join(even, odd)  # [N, 16, 2]: element 2i + parity
+    pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, 16, 2]: element 2i + parity
     codes = tl.reshape(pairs, (tok.shape[0], 32))
     return codes.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def fp32_of_fp16_pairs(pairs):
+    """The two fp16 halves of each uint32 of ``pairs`` ``[...]`` as fp32 ``[..., 2]`` (low
+    half first)."""
+    halves = tl.join(pairs & 0xFFFF, pairs >> 16)
+    return halves.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def words_fp32(words):
+    """The 8 elements of each code word of ``words`` (uint32 ``[N, W]``; element ``e`` at
+    bits ``4e``) as fp32 ``e2m1 * 2**-14``: ``[N, W, 8]`` in element order, exact.
+
+    Two elements at a time, with no per-byte work: one shift left by ``9 - 4k`` puts the
+    magnitudes of elements ``k`` and ``k + 4`` at bits 9..11 and 25..27 of an fp16 pair
+    (exponent field 0..3, mantissa bit 9: ``e2m1 * 2**-14``; code 1 is the fp16 subnormal
+    ``2**-15``), one shift by ``12 - 4k`` their signs at bits 15 and 31; the hardware widens
+    the halves.
+    """
+    o0 = ((words << 9) & 0x0E000E00) | ((words << 12) & 0x80008000)
+    o1 = ((words << 5) & 0x0E000E00) | ((words << 8) & 0x80008000)
+    o2 = ((words << 1) & 0x0E000E00) | ((words << 4) & 0x80008000)
+    o3 = ((words >> 3) & 0x0E000E00) | (words & 0x80008000)
+    # tl.join stacks on a new last axis: [N, W, 2 (k // 2), 2 (k % 2), 2 (element k, k + 4)]
+    values = fp32_of_fp16_pairs(tl.join(tl.join(o0, o2), tl.join(o1, o3)))
+    return tl.reshape(tl.permute(values, (0, 1, 4, 2, 3)), (words.shape[0], words.shape[1], 8))
+
+
+@triton.jit
+def row_page_logits(q, page_ptr):
+    """Relative logits of one query row over every token of a page, on the CUDA cores (a
+    single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], exponent int32
+    [128])`` as :func:`page_logits`. ``q``: the row's values ``f32 [16, 8]`` (element
+    ``8w + k`` at ``[w, k]``), e4m3- or bf16-exact, so every product is exact.
+
+    Words are decoded by :func:`words_fp32`. The scale bytes are loaded after the codes'
+    arithmetic: loaded first or beside the codes, Triton converted their layout between the
+    two loads (serializing them) or spent more instructions (sm_90 SASS counts).
+    """
+    tok = tl.arange(0, 128)
+    w = tl.arange(0, 16)
+    words = tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16 + w[None, :])
+    per_word = tl.sum(words_fp32(words) * q[None, :, :], axis=2)  # [128, 16]
+    per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
+    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
+                     + tl.arange(0, 4)[None, :]).to(tl.int32)
+    smax = tl.max(scales, axis=1)
+    # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
+    dots = tl.sum(per_group * pow2(scales - smax[:, None] + 8), axis=1)
+    return dots, smax - 127 + 6
 
 
 @triton.jit
@@ -96,24 +156,22 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
 
 @triton.jit
 def load_page(page_ptr):
-    """A page's raw bytes: codes ``uint8 [128, 64]`` and scale bytes ``uint8 [128, 4]``."""
+    """A page's raw bytes: code words ``uint32 [128, 16]`` (8 elements each) and scale bytes
+    ``uint8 [128, 4]``."""
     tok = tl.arange(0, 128)
-    codes = tl.load(page_ptr + tok[:, None] * 64 + tl.arange(0, 64)[None, :])
+    words = tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
+                    + tl.arange(0, 16)[None, :])
     scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + tl.arange(0, 4)[None, :])
-    return codes, scales
+    return words, scales
 
 
 @triton.jit
-def page_values(codes, scales, live, DTYPE: tl.constexpr):
+def page_values(words, scales, live, DTYPE: tl.constexpr):
     """Exactly dequantized values ``DTYPE [128, 128]`` (bf16: exact) of a page loaded by
     :func:`load_page`; tokens where ``live`` (bool [128]) is false are zeros (so garbage, NaN
     scales included, cannot leak)."""
-    lo = codes & 0xF
-    hi = codes >> 4
-    even = ((lo & 7) << 2) | ((lo & 8) << 4)
-    odd = ((hi & 7) << 2) | ((hi & 8) << 4)
-    e4m3 = tl.reshape(tl.join(even, odd), (128, 4, 32)).to(tl.float8e4nv, bitcast=True)
-    x = e4m3.to(tl.float32) * 64.0 * pow2(scales.to(tl.int32) - 127)[:, :, None]
+    x = tl.reshape(words_fp32(words), (128, 4, 32)) * 16384.0  # e2m1, exact
+    x = x * pow2(scales.to(tl.int32) - 127)[:, :, None]
     x = tl.where(live[:, None, None], x, 0.0)
     return tl.reshape(x, (128, 128)).to(DTYPE)
 
