@@ -131,3 +131,29 @@ def test_last_writer_slots_keep_only_each_slots_last_row():
             seen.add(int(slots[r]))
         got = np.asarray(jax.jit(last_writer_slots)(slots))
         np.testing.assert_array_equal(got, expected)
+
+
+def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
+    """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
+    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs.
+    (Mutation: a plan that never picks one-row tiles fails here.)"""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", "90")
+    from jax_mxfp4.gpu import lowering
+
+    lowering.target_for.cache_clear()
+    path = Path(__file__).parents[1] / "bench" / "sass_stats.py"
+    spec = importlib.util.spec_from_file_location("sass_stats", path)
+    sass_stats = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_stats)
+    mix = {}
+    for per_request in (1, 4):
+        (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
+        resources, ops = sass_stats.profile(kernel)
+        assert int(resources["REG"]) > 0 and sum(ops.values()) > 100
+        mix[per_request] = ops
+    assert mix[1]["FFMA"] >= 100 and not any("MMA" in op for op in mix[1])
+    assert any("MMA" in op for op in mix[4])
+    lowering.target_for.cache_clear()

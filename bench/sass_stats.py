@@ -1,0 +1,131 @@
+"""Static SASS profile of the GPU kernels, on a machine without a GPU.
+
+Exports a few of the bench's shapes for CUDA sm_90 (``jax.export`` with
+``JAX_MXFP4_GPU_ARCH=90``, as ``tests/test_gpu_compile.py`` does), records every Triton kernel
+the lowering compiles, and disassembles each cubin with the ``nvdisasm`` and ``cuobjdump``
+that ship with Triton. Per kernel: registers, stack and shared memory per program, and the
+instruction mix. Counts are static (a loop body counts once), and fewer instructions is not
+always faster (bench/RESULTS.md has a counter-example): use it to choose what to time on the
+device, not instead of timing.
+
+    python bench/sass_stats.py [CASE ...]      # default: every case
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("JAX_MXFP4_GPU_ARCH", "90")
+
+import jax
+import jax.numpy as jnp
+
+import jax_mxfp4 as jm
+from jax_mxfp4.gpu import compiler, launch, lowering
+
+SM = 128**-0.5
+u8, i32 = jnp.uint8, jnp.int32
+
+
+def _s(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _index(rows, per_request, blocks):
+    requests = rows // per_request
+    fn = lambda *a: jm.index_scores(*a, num_blocks=blocks, sm_scale=SM)  # noqa: E731
+    return fn, (_s(rows, 1, 128), _s(requests * blocks, 8704, dtype=u8),
+                _s(requests, blocks, dtype=i32), _s(rows, dtype=i32), _s(rows, dtype=i32))
+
+
+def _attention(rows, output="bf16"):
+    fn = lambda *a: jm.sparse_attention(*a, sm_scale=SM, output=output)  # noqa: E731
+    kv = _s(4096, 1, 8704, dtype=u8)
+    return fn, (_s(rows, 16, 128), kv, kv, _s(rows, 1, 16, dtype=i32), _s(rows, 1, dtype=i32))
+
+
+CASES = {
+    "index decode b32 S1 ctx 128K": _index(32, 1, 1024),
+    "index decode b8 S4 ctx 128K": _index(32, 4, 1024),
+    "index prefill b1 q4096 ctx 8K": _index(4096, 4096, 64),
+    "attention 1 row": _attention(1),
+    "attention 256 rows": _attention(256),
+    "attention 256 rows mxfp8": _attention(256, "mxfp8"),
+    "select_blocks 4096 rows ctx 32K": (
+        lambda *a: jm.select_blocks(*a, topk=16),
+        (_s(1, 4096, 256, dtype=jnp.float32), _s(1, 256, dtype=i32), _s(4096, dtype=i32),
+         _s(4096, dtype=i32))),
+    "write_cache 4096 tokens": (
+        jm.write_cache, (_s(4096, 1, 8704, dtype=u8), _s(4096, 1, 128), _s(4096, dtype=i32))),
+}
+
+
+def _tool(name: str) -> str:
+    from triton.backends.nvidia import compiler as nvidia
+
+    return str(Path(nvidia.__file__).parent / "bin" / name)
+
+
+def kernels_of(fn, args) -> list[compiler.Compiled]:
+    """The kernels the GPU lowering of ``fn(*args)`` compiles for sm_90, in launch order."""
+    seen: list[compiler.Compiled] = []
+    compile_kernel = compiler.compile_kernel
+
+    def recording(spec, target):
+        seen.append(compile_kernel(spec, target))
+        return seen[-1]
+
+    compiler.compile_kernel, lowering.available = recording, lambda: True
+    try:
+        checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
+        jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
+    finally:
+        compiler.compile_kernel = compile_kernel
+    return seen
+
+
+def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Counter]:
+    """Resource usage (REG, STACK, SHARED, ...) and opcode counts of one cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.code)
+        f.flush()
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    resources = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ops = collections.Counter(
+        m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)",
+                                        sass, re.M))
+    return resources, ops
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"unknown case(s) {unknown}; known: {list(CASES)}", file=sys.stderr)
+        return 2
+    header = f"{'case':32} {'kernel':22} {'warps':>5} {'regs':>4} {'stack':>5} {'smem':>6} " \
+             f"{'instrs':>6}  top opcodes"
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        print(f"sass_stats: compiling {name}", file=sys.stderr)
+        for kernel in kernels_of(*CASES[name]):
+            res, ops = profile(kernel)
+            top = ", ".join(f"{op} {n}" for op, n in ops.most_common(6))
+            print(f"{name:32} {kernel.symbol[:22]:22} {kernel.num_warps:>5} "
+                  f"{res.get('REG', '?'):>4} {res.get('STACK', '?'):>5} {kernel.shared_mem:>6} "
+                  f"{sum(ops.values()):>6}  {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
