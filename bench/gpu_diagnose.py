@@ -142,7 +142,7 @@ def index_variants(device: str = "cuda", timer=None,
                    shapes=((32, 1, 1024), (4, 1, 4096), (32, 1, 64), (8, 4, 1024))) -> None:
     """index_scores_kernel's decode tilings side by side (Triton launches on torch tensors,
     ``triton.testing.do_bench``): the 16-row tensor-core tile, and for one row per tile the
-    CUDA-core scoring at 1, 2 or 4 blocks per program and 4 or 8 warps. Shapes: (requests
+    CUDA-core scoring at 1, 2 or 4 blocks per program and 2, 4 or 8 warps. Shapes: (requests
     B, rows per request S, blocks per request); one index head, every block live."""
     import dataclasses
 
@@ -170,7 +170,7 @@ def index_variants(device: str = "cuda", timer=None,
                                                         one_row=False)}
         if base.one_row:
             for blocks in (1, 2, 4):
-                for warps in (4, 8):
+                for warps in (2, 4, 8):
                     grid = (base.grid[0], triton.cdiv(nb, blocks), 1)
                     variants[f"cuda cores {blocks} blk {warps} w"] = dataclasses.replace(
                         base, blocks=blocks, grid=grid, num_warps=warps)
