@@ -1,0 +1,28 @@
+"""The GPU kernels' decoding and one-row scoring checked on the CPU by Triton's interpreter
+(``interpreted_kernels.py``, in a process of its own), so CI catches a wrong decode without a
+GPU. Mutations (2026-11-29): swapping the inner joins of ``mxfp4.words_fp32`` (elements of
+each word trade places) fails the page check (36 % of the elements differ); scaling the
+one-row scorer's groups by ``2**7`` instead of ``2**8`` fails the scoring check (every live
+score differs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("torch")
+
+
+def test_interpreted_kernels_match_the_oracle():
+    here = Path(__file__).parent
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(here / "interpreted_kernels.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.split() == ["ok", "page_values", "ok", "one_row_index_scores"]
