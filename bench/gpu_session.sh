@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: build the package's FFI extensions, then (mode "tests") the GPU tests and
-# compute-sanitizer memcheck on one decode and one prefill step, or (mode "bench") the GPU
-# benchmark table. Logs go to $OUT (the device tool's output folder) or ./gpu_logs.
+# compute-sanitizer memcheck on two decode steps (S = 4 and S = 1) and one prefill step, or
+# (mode "bench") the GPU benchmark table. Logs go to $OUT (the device tool's output folder) or ./gpu_logs.
 set -u
 MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
@@ -22,8 +22,8 @@ $PY -m jax_mxfp4 info | tee "$OUT/info.txt"
 if [ "$MODE" = tests ]; then
   timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_compile.py -ra \
     > "$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"; tail -25 "$OUT/pytest.txt"
-  for step in decode prefill; do
-    flag=""; [ $step = prefill ] && flag=--prefill
+  for step in decode decode1 prefill; do
+    flag=""; [ $step = prefill ] && flag=--prefill; [ $step = decode1 ] && flag=--one-row
     XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 150 \
       compute-sanitizer --tool memcheck --print-limit 20 $PY tests/gpu/decode_step.py $flag \
       > "$OUT/memcheck_$step.txt" 2>&1; echo "memcheck $step rc=$?"; tail -4 "$OUT/memcheck_$step.txt"

@@ -27,10 +27,12 @@ from jax_mxfp4.gpu import launch
 SM = 128**-0.5
 
 
-def build(prefill: bool, seed: int = 0):
+def build(prefill: bool, seed: int = 0, one_row: bool = False):
+    """Inputs of a prefill step (64 rows per request), or a decode step of 4 rows per request
+    (16-row tensor-core index tiles) or, ``one_row``, 1 (one-row CUDA-core index tiles)."""
     rng = np.random.default_rng(seed)
     requests, context = (2, 3000) if prefill else (8, 5000)
-    s = 64 if prefill else 4
+    s = 64 if prefill else (1 if one_row else 4)
     blocks = -(-context // 128)
     pages = requests * blocks
     pool = rng.integers(0, 256, (pages, 8704), dtype=np.uint8)
@@ -84,9 +86,10 @@ def thunk_report() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prefill", action="store_true")
+    parser.add_argument("--one-row", action="store_true", help="decode with S = 1")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    *arrays, blocks = build(args.prefill)
+    *arrays, blocks = build(args.prefill, one_row=args.one_row)
 
     def decode_step(*a):
         return step(*a, blocks=blocks)
