@@ -75,7 +75,7 @@ def _tool(name: str) -> str:
 def kernels_of(fn, args) -> list[compiler.Compiled]:
     """The kernels the GPU lowering of ``fn(*args)`` compiles for sm_90, in launch order."""
     seen: list[compiler.Compiled] = []
-    compile_kernel = compiler.compile_kernel
+    compile_kernel, available = compiler.compile_kernel, lowering.available
 
     def recording(spec, target):
         seen.append(compile_kernel(spec, target))
@@ -86,7 +86,7 @@ def kernels_of(fn, args) -> list[compiler.Compiled]:
         checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
         jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
     finally:
-        compiler.compile_kernel = compile_kernel
+        compiler.compile_kernel, lowering.available = compile_kernel, available
     return seen
 
 

@@ -100,9 +100,8 @@ def _index(case, q_round="e4m3"):
                 q_round=q_round)
 
 
-# Decode tilings: "decode" (S = 4, H = 2): a 16-row tensor-core tile with the page as the
-# dots' left operand; "decode1" (S = 1, H = 1): one row per tile, scored on the CUDA cores;
-# "prefill": 64-row tiles with the query tile on the left.
+# Index tilings: "decode" (S = 4, H = 2): a 16-row tensor-core tile; "decode1" (S = 1,
+# H = 1): one row per tile, scored on the CUDA cores; "prefill": 64-row tensor-core tiles.
 @pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 def test_index_scores_exact_data(rng, shape):
     """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""

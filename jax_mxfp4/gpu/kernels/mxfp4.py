@@ -69,6 +69,14 @@ def fp32_of_fp16_pairs(pairs):
 
 
 @triton.jit
+def page_words(page_ptr):
+    """The code words of a page's 128 tokens: ``uint32 [128, 16]``, 8 elements each."""
+    tok = tl.arange(0, 128)
+    return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
+                   + tl.arange(0, 16)[None, :])
+
+
+@triton.jit
 def words_fp32(words):
     """The 8 elements of each code word of ``words`` (uint32 ``[N, W]``; element ``e`` at
     bits ``4e``) as fp32 ``e2m1 * 2**-14``: ``[N, W, 8]`` in element order, exact.
@@ -100,9 +108,7 @@ def row_page_logits(q, page_ptr):
     two loads (serializing them) or spent more instructions (sm_90 SASS counts).
     """
     tok = tl.arange(0, 128)
-    w = tl.arange(0, 16)
-    words = tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16 + w[None, :])
-    per_word = tl.sum(words_fp32(words) * q[None, :, :], axis=2)  # [128, 16]
+    per_word = tl.sum(words_fp32(page_words(page_ptr)) * q[None, :, :], axis=2)  # [128, 16]
     per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
     scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
                      + tl.arange(0, 4)[None, :]).to(tl.int32)
@@ -156,11 +162,10 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
 
 @triton.jit
 def load_page(page_ptr):
-    """A page's raw bytes: code words ``uint32 [128, 16]`` (8 elements each) and scale bytes
-    ``uint8 [128, 4]``."""
+    """A page's raw bytes: code words ``uint32 [128, 16]`` (:func:`page_words`) and scale
+    bytes ``uint8 [128, 4]``."""
     tok = tl.arange(0, 128)
-    words = tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
-                    + tl.arange(0, 16)[None, :])
+    words = page_words(page_ptr)
     scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + tl.arange(0, 4)[None, :])
     return words, scales
 

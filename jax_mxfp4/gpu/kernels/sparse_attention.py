@@ -103,7 +103,7 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
                  m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
     """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``. V's bytes are
     loaded first, so their latency overlaps the QK dots and the softmax."""
-    v_codes, v_scales = mxfp4.load_page(v_page)
+    v_words, v_scales = mxfp4.load_page(v_page)
     dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
     logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
@@ -117,7 +117,7 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     # acc stays the weighted mean of V so far (weights summing to 1), so a large finite V
     # cannot overflow the fp32 sum (SPEC §7 PV range) as an unnormalized P.V could.
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
-    v = mxfp4.page_values(v_codes, v_scales, live, PV_DTYPE)
+    v = mxfp4.page_values(v_words, v_scales, live, PV_DTYPE)
     p_norm = (p * inv_l[:, None]).to(PV_DTYPE)
     acc = acc * (l_old * inv_l)[:, None] + tl.dot(p_norm, v)
     return m_new, l_i, acc
