@@ -7,7 +7,8 @@
    bench's wall time per call.
 
 ``--probes`` instead times write_cache's kernel with and without its last-writer scan, and
-the attention kernel at 4 and 8 warps; ``--index-variants`` the index scorer's decode tilings.
+the attention kernel at 4 and 8 warps; ``--index-variants`` the index scorer's decode tilings;
+``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows).
 """
 
 from __future__ import annotations
@@ -180,12 +181,61 @@ def index_variants(device: str = "cuda", timer=None,
             times.append(timer(functools.partial(
                 kernel, q, pool, table, pos, req, out, t, b, nb, pages, nb, 1.0, H=1,
                 ROWS=plan.rows, M=plan.m, BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True,
-                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row,
+                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row, FOLD=plan.fold,
                 num_warps=plan.num_warps)))
         gbs = [pages * 68 * 128 / (x * 1e-6) / 1e9 for x in times]
         rows = zip(variants, times, gbs, strict=True)
         print(f"index_scores b{b} S{s} {nb} blocks (plan: {base.blocks} blk): "
               + ", ".join(f"{name} {x:.1f} us ({g:.0f} GB/s)" for name, x, g in rows))
+
+
+def index_fold_variants(device: str = "cuda", timer=None,
+                        shapes=((1, 4096, 64, 4096), (4, 512, 64, 7680), (1, 4096, 64, 0),
+                                (8, 2048, 128, 14336), (8, 4, 1024, -1))) -> None:
+    """index_scores_kernel's prefill tilings side by side (Triton launches on torch tensors,
+    ``triton.testing.do_bench``): four rescaled group dots on 64-row tiles (the tiling before
+    folded keys), folded keys on 64-row and on 128-row tiles. Shapes: (requests B, rows per
+    request, blocks per request, prefix: rows sit at positions prefix .. prefix + rows - 1, or
+    -1: at the context's end); one index head."""
+    import dataclasses
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from jax_mxfp4.gpu.kernels import index_scores as K
+
+    timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
+    gen = torch.Generator().manual_seed(0)
+    for b, s, nb, prefix in shapes:
+        t, pages = b * s, b * nb
+        pool = torch.randint(0, 256, (pages, 8704), dtype=torch.uint8, generator=gen)
+        pool[:, 8192:] = torch.randint(120, 132, (pages, 512), dtype=torch.uint8, generator=gen)
+        pool = pool.to(device)
+        q = torch.randn((t, 1, 128), generator=gen).to(torch.bfloat16).to(device)
+        table = torch.randperm(pages, generator=gen).to(torch.int32).reshape(b, nb).to(device)
+        local = torch.arange(t, dtype=torch.int32) % s
+        pos = (local + (nb * 128 - s if prefix < 0 else prefix)).to(torch.int32).to(device)
+        req = (torch.arange(t, dtype=torch.int32) // s).to(device)
+        out = torch.empty((1, t, nb), dtype=torch.float32, device=device)
+        plans = {"groups 64 rows": K.plan(t, 1, b, nb, foldable=False)}
+        planned = K.plan(t, 1, b, nb)
+        if planned.fold:
+            rows = 64
+            grid = (triton.cdiv(t, rows), planned.grid[1], 1)
+            plans["folded 64 rows"] = dataclasses.replace(planned, rows=rows, m=rows, grid=grid)
+        plans[f"plan: {'folded' if planned.fold else 'groups'} {planned.rows} rows"] = planned
+        results = []
+        for label, plan in plans.items():
+            kernel = K.index_scores_kernel[plan.grid]
+            x = timer(functools.partial(
+                kernel, q, pool, table, pos, req, out, t, b, nb, pages, nb, 1.0, H=1,
+                ROWS=plan.rows, M=plan.m, BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True,
+                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row, FOLD=plan.fold,
+                num_warps=plan.num_warps))
+            results.append(f"{label} {x:.1f} us")
+        print(f"index_scores b{b} rows/request {s} {nb} blocks prefix {prefix}: "
+              + ", ".join(results), flush=True)
 
 
 PLAIN = "--plain" in sys.argv
@@ -198,6 +248,9 @@ def main() -> int:
         return 0
     if "--index-variants" in sys.argv:
         index_variants()
+        return 0
+    if "--fold-variants" in sys.argv:
+        index_fold_variants()
         return 0
     e4m3_check()
     harness_floor()

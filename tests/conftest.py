@@ -228,6 +228,27 @@ def decode_index_case(rng, seq_lens, tokens_per_request, *, num_heads=2, num_blo
     return IndexCase(q, pool, table, positions, requests, num_blocks, seq)
 
 
+def deepen_scale_groups(rng, case) -> None:
+    """Scale group 3 of every page's tokens ``depth`` binades below groups 0-2 (one depth per
+    page, up to 110), and group 1 of a fifth of the tokens all zero with byte 0; the even
+    query rows keep only group 3 (so their scores come from the deep group alone). Every
+    implementation must stay within 2 ulp of the oracle: 110 binades keep the reference's
+    token-normalized products above fp32's normal range."""
+    pool = case.pool
+    pages, tokens = pool.shape[0], 128
+    top = rng.integers(170, 181, (pages, tokens))
+    depth = rng.choice([0, 31, 32, 63, 64, 95, 96, 110], pages)
+    scales = np.repeat(top[..., None], 4, axis=-1)
+    scales[..., 3] = top - depth[:, None]
+    zero = rng.random((pages, tokens)) < 0.2
+    scales[..., 1][zero] = 0
+    pool[:, 8192:] = scales.reshape(pages, 512).astype(np.uint8)
+    data = pool[:, :8192].reshape(pages, tokens, 4, 16).copy()
+    data[:, :, 1][zero] = 0
+    pool[:, :8192] = data.reshape(pages, 8192)
+    case.q[::2, :, :96] = 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Sparse-attention cases
 # ---------------------------------------------------------------------------------------------

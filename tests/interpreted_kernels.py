@@ -70,7 +70,7 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False,
-        DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True,
+        DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
         num_warps=plan.num_warps)
     return out.numpy()
 

@@ -133,10 +133,8 @@ def test_last_writer_slots_keep_only_each_slots_last_row():
         np.testing.assert_array_equal(got, expected)
 
 
-def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
-    """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
-    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs.
-    (Mutation: a plan that never picks one-row tiles fails here.)"""
+def _sass_stats(monkeypatch):
+    """bench/sass_stats.py, with the lowering targeting sm_90 (undone by monkeypatch)."""
     import importlib.util
     from pathlib import Path
 
@@ -148,6 +146,16 @@ def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
     spec = importlib.util.spec_from_file_location("sass_stats", path)
     sass_stats = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sass_stats)
+    return sass_stats
+
+
+def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
+    """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
+    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs.
+    (Mutation: a plan that never picks one-row tiles fails here.)"""
+    from jax_mxfp4.gpu import lowering
+
+    sass_stats = _sass_stats(monkeypatch)
     mix = {}
     for per_request in (1, 4):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
@@ -156,4 +164,25 @@ def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
         mix[per_request] = ops
     assert mix[1]["FFMA"] >= 100 and not any("MMA" in op for op in mix[1])
     assert any("MMA" in op for op in mix[4])
+    lowering.target_for.cache_clear()
+
+
+def test_prefill_index_tiles_fold_the_keys_without_spilling(monkeypatch):
+    """Prefill tiles (64 and 128 dot rows) take folded keys, one K = 128 dot per block: the
+    sm_90 code has warpgroup MMAs and no local memory (four rescaled group dots spilled at 128
+    rows). Decode tiles keep the group dots, and so do e4m3 dots (not foldable)."""
+    from jax_mxfp4.gpu import lowering
+    from jax_mxfp4.gpu.kernels import index_scores
+
+    assert index_scores.plan(4096, 1, 1, 64).fold and index_scores.plan(4096, 1, 1, 64).m == 128
+    assert index_scores.plan(256, 1, 4, 64).fold and index_scores.plan(256, 1, 4, 64).m == 64
+    assert not index_scores.plan(4096, 1, 1, 64, foldable=False).fold
+    assert index_scores.plan(4096, 1, 1, 64, foldable=False).m == 64
+    assert not index_scores.plan(32, 1, 8, 64).fold
+    sass_stats = _sass_stats(monkeypatch)
+    for rows, per_request in ((4096, 4096), (256, 64)):
+        (kernel,) = sass_stats.kernels_of(*sass_stats._index(rows, per_request, 16))
+        resources, ops = sass_stats.profile(kernel)
+        assert int(resources.get("STACK", 0)) == 0 and int(resources.get("LOCAL", 0)) == 0
+        assert ops["HGMMA"] > 0 and not any(op.startswith("LDL") for op in ops), ops
     lowering.target_for.cache_clear()

@@ -130,7 +130,7 @@ def index_scores(ctx, q, pool, table, positions, requests, *, num_blocks, sm_sca
     exact_e4m3 = q_fp8 or round_q
     use_fp8 = exact_e4m3 and fp8_dots()
     dot = "fp8e4nv" if use_fp8 else ("fp16" if exact_e4m3 else "bf16")
-    plan = K.plan(rows, heads, requests_n, num_blocks, units)
+    plan = K.plan(rows, heads, requests_n, num_blocks, units, foldable=not use_fp8)
     spec = compiler.spec(
         K.index_scores_kernel,
         {"q_ptr": pointer(q_aval), "pool_ptr": "*u8", "table_ptr": "*i32", "pos_ptr": "*i32",
@@ -138,7 +138,7 @@ def index_scores(ctx, q, pool, table, positions, requests, *, num_blocks, sm_sca
          "P": "i32", "NB": "i32", "score_scale": "fp32"},
         {"H": heads, "ROWS": plan.rows, "M": plan.m, "BLOCKS": plan.blocks,
          "Q_IS_FP8": q_fp8, "ROUND_Q": round_q, "USE_FP8": use_fp8,
-         "DOT_DTYPE": _triton_dtype(dot), "ONE_ROW": plan.one_row},
+         "DOT_DTYPE": _triton_dtype(dot), "ONE_ROW": plan.one_row, "FOLD": plan.fold},
         num_warps=plan.num_warps,
     )
     grid = plan.grid if rows and num_blocks and requests_n else (0, 1, 1)

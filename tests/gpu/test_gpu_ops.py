@@ -15,6 +15,7 @@ from conftest import (
     SM_SCALE,
     attention_case,
     decode_index_case,
+    deepen_scale_groups,
     large_value_case,
     prefill_index_case,
     random_pages,
@@ -101,7 +102,8 @@ def _index(case, q_round="e4m3"):
 
 
 # Index tilings: "decode" (S = 4, H = 2): a 16-row tensor-core tile; "decode1" (S = 1,
-# H = 1): one row per tile, scored on the CUDA cores; "prefill": 64-row tensor-core tiles.
+# H = 1): one row per tile, scored on the CUDA cores; "prefill": 128-row tensor-core tiles
+# (64 rows x 2 heads) on folded keys.
 @pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 def test_index_scores_exact_data(rng, shape):
     """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""
@@ -118,11 +120,12 @@ def test_index_scores_exact_data(rng, shape):
 
 
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
-@pytest.mark.parametrize("shape", ["decode", "decode1", "decode1-long", "prefill"])
+@pytest.mark.parametrize("shape", ["decode", "decode1", "decode1-long", "prefill", "prefill64"])
 def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypatch):
     """decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
     per program (what it takes past 65535 blocks, the grid's y limit), so the grid's last
-    program has one block past the end."""
+    program has one block past the end. prefill / prefill64: folded keys on 128- and 64-row
+    tiles (bf16 queries kept as bf16: bf16 dots)."""
     kw = dict(num_heads=1 if shape != "decode" else 4, num_blocks=5, table_width=6,
               num_pages=40, scale_lo=110, scale_hi=140)
     if shape == "decode":
@@ -145,8 +148,15 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
 
         monkeypatch.setattr(index_scores, "plan", two_blocks)
         assert index_scores.plan(8, 1, 8, 601).one_row
+    elif shape == "prefill64":
+        case = prefill_index_case(rng, [64, 64, 40], [10, 500, 0], num_rows=168, **kw)
     else:
         case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
+    if shape.startswith("prefill"):
+        from jax_mxfp4.gpu.kernels import index_scores
+
+        tile = index_scores.plan(len(case.positions), 1, 3, case.num_blocks)
+        assert tile.fold and tile.m == (64 if shape == "prefill64" else 128), tile
     kernel, ref = _index(case, q_round)
     assert np.array_equal(np.isneginf(kernel), np.isneginf(ref))
     static = dict(num_blocks=case.num_blocks, sm_scale=SM_SCALE, q_round=q_round)
@@ -158,6 +168,28 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     kernel_err = np.abs(kernel[live] - truth[live]) / ulp
     assert kernel_err.max() <= 2, kernel_err.max()
     assert np.all(np.abs(kernel[live].astype(np.float64) - ref[live]) <= 4 * ulp + 1e-45)
+
+
+@pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
+def test_index_scores_deep_scale_groups(rng, shape):
+    """Scale groups 31-110 binades below their token's largest, and all-zero groups (byte 0),
+    go through the folded keys' extra exponent bands (``mxfp4.folded_page_logits``); rows whose
+    query lives only in the deep group score it within 2 ulp, so a lost band fails."""
+    kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, q_dtype="e4m3")
+    if shape == "prefill":
+        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
+    else:
+        case = decode_index_case(rng, [600, 33, 128, 257], 8 if shape == "decode" else 1, **kw)
+    deepen_scale_groups(rng, case)
+    kernel, ref = _index(case)
+    static = dict(num_blocks=case.num_blocks, sm_scale=SM_SCALE, q_round="e4m3")
+    truth = oracle.index_scores(*case.args(), **static).astype(np.float64)
+    live = np.isfinite(ref)
+    assert np.array_equal(np.isneginf(kernel), np.isneginf(ref))
+    assert live.sum() > 8
+    ulp = oracle.ulp_f32(oracle.index_score_magnitudes(*case.args(), **static)[live])
+    assert (np.abs(kernel[live] - truth[live]) / ulp).max() <= 2
+    assert (np.abs(ref[live] - truth[live]) / ulp).max() <= 2
 
 
 @pytest.mark.parametrize("topk,init,local", [(16, 0, 1), (4, 1, 1), (3, 2, 2)])

@@ -3,13 +3,14 @@
 One program scores a tile of ``ROWS`` consecutive rows (all ``H`` index heads: ``M = ROWS * H``
 dot rows, padded to 16) against ``BLOCKS`` consecutive 128-token blocks. Per block it loads the
 page of each request in the tile once (decode tiles hold one request's ``S`` rows; prefill
-tiles one request's chunk, or the ends of two) and takes four ``K = 32`` tensor-core dots,
-one per scale group (``mxfp4.page_logits``). Every output element is written: ``-inf``
-where a row has no live token in the block.
+tiles one request's chunk, or the ends of two) and takes tensor-core dots: four ``K = 32``
+dots, one per scale group (``mxfp4.page_logits``), or one ``K = 128`` dot on keys with the
+groups' scales folded in (``mxfp4.folded_page_logits``). Every output element is written:
+``-inf`` where a row has no live token in the block.
 
-The tiling (decode-shaped: few rows per request, one block per program, a single row scored
-on the CUDA cores; prefill-shaped: up to 64 dot rows per tile, a few blocks per program) is
-chosen from static shapes by :func:`plan`.
+The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
+row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, a few
+blocks per program) is chosen from static shapes by :func:`plan`.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from jax_mxfp4.gpu.kernels import mxfp4
 
 
 @triton.jit
-def _query_group(q_ptr, m, row, head, row_ok, g, H: tl.constexpr, Q_IS_FP8: tl.constexpr,
-                 ROUND_Q: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Group ``g`` of the query rows as the dot's operand ``[M, 32]``."""
-    c = tl.arange(0, 32)
-    ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * 128 + g * 32 + c[None, :]
+def _query_columns(q_ptr, row, head, row_ok, first: tl.constexpr, WIDTH: tl.constexpr,
+                   H: tl.constexpr, ROUND_Q: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Columns ``first .. first + WIDTH - 1`` of the query rows as a dot operand ``[M,
+    WIDTH]``: a bf16 query rounded to e4m3 (``ROUND_Q``), else (an e4m3 query, or a bf16 one
+    kept as is for bf16 dots) converted exactly."""
+    c = first + tl.arange(0, WIDTH)
+    ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * 128 + c[None, :]
     x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     if ROUND_Q:
-        y = mxfp4.round_e4m3(x.to(tl.float32)).to(DOT_DTYPE)
-    else:  # an e4m3 query, or a bf16 one kept as is (q_round="none": bf16 dots)
-        y = x.to(DOT_DTYPE)
-    return y
+        return mxfp4.round_e4m3(x.to(tl.float32)).to(DOT_DTYPE)
+    return x.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -65,15 +66,20 @@ def _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P):
 
 
 @triton.jit
-def _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
-                 USE_FP8: tl.constexpr):
-    """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere)."""
+def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
+                 USE_FP8: tl.constexpr, FOLD: tl.constexpr):
+    """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere).
+    ``FOLD``: the query tile ``q [M, 128]`` against folded keys
+    (:func:`mxfp4.folded_page_logits`), else the groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
     page = tl.load(table_ptr + req_r.to(tl.int64) * W + j)
     sel = live & (req == req_r)
     best = tl.full(sel.shape, float("-inf"), tl.float32)
     if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
-        dots, expo = mxfp4.page_logits(q0, q1, q2, q3, pool_ptr + page.to(tl.int64) * 8704,
-                                       USE_FP8)
+        page_ptr = pool_ptr + page.to(tl.int64) * 8704
+        if FOLD:
+            dots, expo = mxfp4.folded_page_logits(q, page_ptr)
+        else:
+            dots, expo = mxfp4.page_logits(q0, q1, q2, q3, page_ptr, USE_FP8)
         logits = mxfp4.mul_pow2(dots, expo[None, :])
         tok = j * 128 + tl.arange(0, 128)
         ok = sel[:, None] & (tok[None, :] <= pos[:, None])
@@ -86,10 +92,11 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
                         score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
                         BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
                         USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                        ONE_ROW: tl.constexpr):
+                        ONE_ROW: tl.constexpr, FOLD: tl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. ``ONE_ROW``: tiles of one dot row, scored on the CUDA
-    cores (``mxfp4.row_page_logits``)."""
+    cores (``mxfp4.row_page_logits``). ``FOLD``: 16-bit dots on folded keys
+    (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``, e4m3 dots)."""
     first_row = tl.program_id(0) * ROWS
     m = tl.arange(0, M)
     row = first_row + m // H
@@ -98,10 +105,15 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
     req = tl.load(req_ptr + row, mask=row_ok, other=-1)
     live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
-    q0 = _query_group(q_ptr, m, row, head, row_ok, 0, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
-    q1 = _query_group(q_ptr, m, row, head, row_ok, 1, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
-    q2 = _query_group(q_ptr, m, row, head, row_ok, 2, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
-    q3 = _query_group(q_ptr, m, row, head, row_ok, 3, H, Q_IS_FP8, ROUND_Q, DOT_DTYPE)
+    if FOLD:
+        q = _query_columns(q_ptr, row, head, row_ok, 0, 128, H, ROUND_Q, DOT_DTYPE)
+        q0, q1, q2, q3 = q, q, q, q  # unused
+    else:
+        q = tl.zeros((M, 128), DOT_DTYPE)  # unused
+        q0 = _query_columns(q_ptr, row, head, row_ok, 0, 32, H, ROUND_Q, DOT_DTYPE)
+        q1 = _query_columns(q_ptr, row, head, row_ok, 32, 32, H, ROUND_Q, DOT_DTYPE)
+        q2 = _query_columns(q_ptr, row, head, row_ok, 64, 32, H, ROUND_Q, DOT_DTYPE)
+        q3 = _query_columns(q_ptr, row, head, row_ok, 96, 32, H, ROUND_Q, DOT_DTYPE)
     reach = tl.max(tl.where(live, pos, -1), axis=0)
     # The tile's requests: one in the common case (rows are request-major), so each block's
     # page is loaded once; rows of other requests in between are masked in _tile_maxima.
@@ -118,8 +130,9 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
                 best = _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P)
         elif (j < NB) & (j * 128 <= reach):
             for req_r in range(req_lo, req_hi + 1):
-                best = tl.maximum(best, _tile_maxima(q0, q1, q2, q3, pool_ptr, table_ptr, req,
-                                                     pos, live, j, req_r, W, P, USE_FP8))
+                best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
+                                                     req, pos, live, j, req_r, W, P, USE_FP8,
+                                                     FOLD))
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
 
 
@@ -131,25 +144,29 @@ class Plan:
     grid: tuple[int, int, int]
     num_warps: int
     one_row: bool  # one dot row per tile: CUDA-core scoring
+    fold: bool  # scale groups folded into the keys: one K = 128 dot per block
 
 
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
-         num_sms: int = 132) -> Plan:
+         num_sms: int = 132, foldable: bool = True) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
-    decode depth S, or a prefill chunk), capped at 64 dot rows.
+    decode depth S, or a prefill chunk), capped at 128 dot rows (64 where the keys cannot be
+    folded: ``foldable`` is false for e4m3 dots, whose operand cannot hold the groups'
+    relative scales exactly).
 
     A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
     a 16-row tensor-core tile would be 15/16 padding (H200, b32 S1 ctx 128K, side by side:
     327 us on the tensor cores, 139 us on the CUDA cores). Decode-shaped tiles (under 64 dot
     rows) take one block per program: tens of thousands of small programs, none waiting on a
     page for another block (2 or 4 blocks per one-row program, sharing the query's
-    preparation, took 163 and 174 us). Prefill-shaped tiles take a few blocks per program,
-    reusing the loaded query tile, while the grid keeps at least two waves of programs.
+    preparation, took 163 and 174 us), and four group dots: folded keys made them slower
+    (b8 S4 ctx 128K: 90 -> 105 us). Prefill-shaped tiles (64 dot rows and more, warpgroup
+    dots) take folded keys, one accumulator, which lets a tile hold 128 rows (four rescaled
+    group dots spilled there): b1 q4096 prefix 8K 150 us -> 91 us. They take a few blocks
+    per program, reusing the loaded query tile, while the grid keeps two waves of programs.
     """
     per_request = max(1, num_rows // max(1, num_requests))
-    # 64 dot rows at most: a 128-row tile needs 255 registers a thread and spills (measured
-    # with ncu on the H200: 6.1M local-memory requests for b1 q4096 ctx 8K).
-    rows = min(triton.next_power_of_2(per_request), max(1, 64 // num_heads))
+    rows = min(triton.next_power_of_2(per_request), max(1, (128 if foldable else 64) // num_heads))
     m = max(16, triton.next_power_of_2(rows * num_heads))
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
     blocks = 1
@@ -157,4 +174,5 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
         blocks = max(1, min(4, num_blocks, (row_tiles * num_blocks) // (2 * num_sms)))
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
-    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, rows * num_heads == 1)
+    fold = foldable and m >= 64
+    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, rows * num_heads == 1, fold)

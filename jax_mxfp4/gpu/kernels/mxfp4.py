@@ -26,6 +26,9 @@ import triton.language as tl
 
 PAGE_BYTES = tl.constexpr(8704)
 SCALE_OFFSET = tl.constexpr(8192)
+FOLD_SHIFT = tl.constexpr(15)  # folded keys: the largest group of a token is scaled by 2**15
+FOLD_BAND = tl.constexpr(32)  # binades of group scale below a token's largest in one dot
+BAND_STEP = tl.constexpr(2.0**-32)  # 2**-FOLD_BAND
 
 
 @triton.jit
@@ -50,13 +53,14 @@ def nibble_e4m3(codes):
 
 
 @triton.jit
-def e2m1_group_fp8(page_ptr, tok, g):
-    """e4m3 values ``e2m1 * 2**-6`` of scale group ``g`` (elements 32g..32g+31) of the tokens
-    ``tok`` (int32 [N]) of one page: ``float8e4nv [N, 32]`` in element order."""
-    i = tl.arange(0, 16)
-    raw = tl.load(page_ptr + tok[:, None] * 64 + g * 16 + i[None, :])  # uint8 [N, 16]
-    pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, 16, 2]: element 2i + parity
-    codes = tl.reshape(pairs, (tok.shape[0], 32))
+def e2m1_fp8(page_ptr, tok, first_byte, NBYTES: tl.constexpr):
+    """e4m3 values ``e2m1 * 2**-6`` of the elements in bytes ``first_byte ..
+    first_byte + NBYTES - 1`` of the tokens ``tok`` (int32 [N]) of one page: ``float8e4nv [N,
+    2 * NBYTES]`` in element order."""
+    i = tl.arange(0, NBYTES)
+    raw = tl.load(page_ptr + tok[:, None] * 64 + first_byte + i[None, :])  # uint8 [N, NBYTES]
+    pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, NBYTES, 2]: 2i + parity
+    codes = tl.reshape(pairs, (tok.shape[0], 2 * NBYTES))
     return codes.to(tl.float8e4nv, bitcast=True)
 
 
@@ -136,7 +140,7 @@ def group_dot(q_g, page_ptr, tok, g, s_g, smax, USE_FP8: tl.constexpr):
 
     ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16/bf16).
     """
-    k8 = e2m1_group_fp8(page_ptr, tok, g)
+    k8 = e2m1_fp8(page_ptr, tok, g * 16, 16)
     if USE_FP8:
         dots = tl.dot(q_g, tl.trans(k8))
     else:
@@ -158,6 +162,48 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
     dots += group_dot(q2, page_ptr, tok, 2, s2, smax, USE_FP8)
     dots += group_dot(q3, page_ptr, tok, 3, s3, smax, USE_FP8)
     return dots, smax - 127 + 6
+
+
+@triton.jit
+def _band_keys(page_ptr, depth, band, DTYPE: tl.constexpr):
+    """A page's keys in exponent band ``band`` as one dot operand ``DTYPE [128, 128]``: each
+    group's e4m3 codes times ``2**(FOLD_SHIFT - depth + band * FOLD_BAND)`` (``depth``: int32
+    [128, 4], each group's scale byte below its token's largest) where that exponent lies in
+    ``(FOLD_SHIFT - FOLD_BAND, FOLD_SHIFT]``, zeros elsewhere."""
+    codes = e2m1_fp8(page_ptr, tl.arange(0, 128), 0, 64).to(DTYPE)
+    shift = FOLD_SHIFT - depth + band * FOLD_BAND
+    inside = (shift <= FOLD_SHIFT) & (shift > FOLD_SHIFT - FOLD_BAND)
+    factor = tl.where(inside, pow2(shift), 0.0).to(DTYPE)
+    return tl.reshape(tl.reshape(codes, (128, 4, 32)) * factor[:, :, None], (128, 128))
+
+
+@triton.jit
+def folded_page_logits(q, page_ptr):
+    """:func:`page_logits` with the scale groups folded into the keys: one ``K = 128`` dot
+    instead of four ``K = 32`` dots and four rescaled results.
+
+    ``q``: the query tile ``[M, 128]`` in fp16 (e4m3-exact values) or bf16. A group ``depth``
+    binades below its token's largest scale byte is scaled by ``2**(FOLD_SHIFT - depth)`` into
+    the 16-bit operand: exact for depths 0..31 (fp16: from ``e2m1 * 2**-6 * 2**-16 >=
+    2**-23``, a subnormal, up to ``6 * 2**9``). Deeper groups (in practice only all-zero
+    groups, byte 0) take one more dot per 32 binades, deepest first, the running result
+    scaled by ``2**-32`` between them (Horner, in place: no second accumulator). A page whose
+    tokens' groups all lie within 32 binades, the common case, takes one dot.
+
+    Returns ``(dots f32 [M, 128], exponent int32 [128])`` with ``q . k = dots * 2**exponent``.
+    """
+    tok = tl.arange(0, 128)
+    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
+                     + tl.arange(0, 4)[None, :]).to(tl.int32)
+    smax = tl.max(scales, axis=1)
+    depth = smax[:, None] - scales  # [128, 4], >= 0
+    bands = tl.max(tl.max(depth, axis=1), axis=0) // FOLD_BAND + 1
+    dots = tl.zeros((q.shape[0], 128), tl.float32)
+    for i in range(bands):
+        if i > 0:
+            dots = dots * BAND_STEP
+        dots = tl.dot(q, tl.trans(_band_keys(page_ptr, depth, bands - 1 - i, q.dtype)), dots)
+    return dots, smax - 127 + 6 - FOLD_SHIFT
 
 
 @triton.jit
