@@ -224,7 +224,7 @@ def index_fold_variants(device: str = "cuda", timer=None,
             rows = 64
             grid = (triton.cdiv(t, rows), planned.grid[1], 1)
             plans["folded 64 rows"] = dataclasses.replace(planned, rows=rows, m=rows, grid=grid)
-        plans[f"plan: {'folded' if planned.fold else 'groups'} {planned.rows} rows"] = planned
+            plans[f"folded {planned.rows} rows (plan)"] = planned
         results = []
         for label, plan in plans.items():
             kernel = K.index_scores_kernel[plan.grid]

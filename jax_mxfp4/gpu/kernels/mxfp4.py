@@ -7,7 +7,9 @@ bytes feed the tensor cores directly (``tl.dot`` on e4m3) or after the hardware 
 conversion (fp16 dots, exact products and fp32 accumulation). Each 32-element scale group is
 one ``K = 32`` dot; the group's e8m0 byte is applied to the dot's result relative to the
 token's largest byte (``2**(byte - max)``, at most 1, so nothing overflows), and the token's
-own ``2**(max - 127 + 6)`` is applied once per logit, as the reference does.
+own ``2**(max - 127 + 6)`` is applied once per logit, as the reference does. Prefill tiles
+fold the groups' scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128``
+dot per page and one exponent for the page, applied to each row's maximum.
 
 Where no tensor-core operand is built (V pages before their bf16 widening, one-row index
 scoring on the CUDA cores), 32-bit code words are decoded two elements at a time into fp16
@@ -178,32 +180,37 @@ def _band_keys(page_ptr, depth, band, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def folded_page_logits(q, page_ptr):
+def folded_page_logits(q, page_ptr, live):
     """:func:`page_logits` with the scale groups folded into the keys: one ``K = 128`` dot
-    instead of four ``K = 32`` dots and four rescaled results.
+    instead of four ``K = 32`` dots and four rescaled results, and one exponent for the page.
 
-    ``q``: the query tile ``[M, 128]`` in fp16 (e4m3-exact values) or bf16. A group ``depth``
-    binades below its token's largest scale byte is scaled by ``2**(FOLD_SHIFT - depth)`` into
+    ``q``: the query tile ``[M, 128]`` in fp16 (e4m3-exact values) or bf16; ``live``: bool
+    [128], the tokens any row may see. The reference is the largest scale byte of the live
+    tokens. A group ``depth`` binades below it is scaled by ``2**(FOLD_SHIFT - depth)`` into
     the 16-bit operand: exact for depths 0..31 (fp16: from ``e2m1 * 2**-6 * 2**-16 >=
-    2**-23``, a subnormal, up to ``6 * 2**9``). Deeper groups (in practice only all-zero
-    groups, byte 0) take one more dot per 32 binades, deepest first, the running result
-    scaled by ``2**-32`` between them (Horner, in place: no second accumulator). A page whose
-    tokens' groups all lie within 32 binades, the common case, takes one dot.
+    2**-23``, a subnormal, up to ``6 * 2**9``). Deeper groups (all-zero groups, byte 0, or
+    tokens far below the page's largest) take one more dot per 32 binades, deepest first, the
+    running result scaled by ``2**-32`` between them (Horner, in place: no second
+    accumulator). A page whose live groups all lie within 32 binades, the common case, takes
+    one dot. Tokens that are not live may get any finite keys (zeros above the reference):
+    their logits must be masked.
 
-    Returns ``(dots f32 [M, 128], exponent int32 [128])`` with ``q . k = dots * 2**exponent``.
+    Returns ``(dots f32 [M, 128], exponent int32)`` with ``q . k = dots * 2**exponent`` for
+    every live token, so a row's maximum can be taken first and scaled once.
     """
     tok = tl.arange(0, 128)
     scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
                      + tl.arange(0, 4)[None, :]).to(tl.int32)
-    smax = tl.max(scales, axis=1)
-    depth = smax[:, None] - scales  # [128, 4], >= 0
-    bands = tl.max(tl.max(depth, axis=1), axis=0) // FOLD_BAND + 1
+    ref = tl.max(tl.where(live, tl.max(scales, axis=1), 0), axis=0)
+    depth = ref - scales  # [128, 4]; negative (zero keys) only for tokens that are not live
+    deepest = tl.max(tl.max(tl.where(live[:, None], depth, 0), axis=1), axis=0)
+    bands = deepest // FOLD_BAND + 1
     dots = tl.zeros((q.shape[0], 128), tl.float32)
     for i in range(bands):
         if i > 0:
             dots = dots * BAND_STEP
         dots = tl.dot(q, tl.trans(_band_keys(page_ptr, depth, bands - 1 - i, q.dtype)), dots)
-    return dots, smax - 127 + 6 - FOLD_SHIFT
+    return dots, ref - 127 + 6 - FOLD_SHIFT
 
 
 @triton.jit
