@@ -125,7 +125,12 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     """decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
     per program (what it takes past 65535 blocks, the grid's y limit), so the grid's last
     program has one block past the end. prefill / prefill64: folded keys on 128- and 64-row
-    tiles (bf16 queries kept as bf16: bf16 dots)."""
+    tiles (bf16 queries kept as bf16: bf16 dots); the first request's rows straddle block 0's
+    end, so a tile's last row sees block 0 whole and its first rows do not (the whole-block
+    shortcut must not fire). prefill64's scale bytes are 60..70 under garbage tails with byte
+    255: the page's exponent must come from its live tokens alone. (On the H200: the shortcut
+    taken whenever the last row sees the block fails both prefill shapes; the exponent taken
+    over every token fails prefill64.)"""
     kw = dict(num_heads=1 if shape != "decode" else 4, num_blocks=5, table_width=6,
               num_pages=40, scale_lo=110, scale_hi=140)
     if shape == "decode":
@@ -149,9 +154,10 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
         monkeypatch.setattr(index_scores, "plan", two_blocks)
         assert index_scores.plan(8, 1, 8, 601).one_row
     elif shape == "prefill64":
-        case = prefill_index_case(rng, [64, 64, 40], [10, 500, 0], num_rows=168, **kw)
+        kw.update(scale_lo=60, scale_hi=70)
+        case = prefill_index_case(rng, [64, 64, 40], [96, 500, 0], num_rows=168, **kw)
     else:
-        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
+        case = prefill_index_case(rng, [100, 3, 60], [64, 500, 0], num_rows=200, **kw)
     if shape.startswith("prefill"):
         from jax_mxfp4.gpu.kernels import index_scores
 
@@ -172,9 +178,10 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
 
 @pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 def test_index_scores_deep_scale_groups(rng, shape):
-    """Scale groups 31-110 binades below their token's largest, and all-zero groups (byte 0),
-    go through the folded keys' extra exponent bands (``mxfp4.folded_page_logits``); rows whose
-    query lives only in the deep group score it within 2 ulp, so a lost band fails."""
+    """Scale groups 31-110 binades below their token's largest, and all-zero groups (byte 0):
+    prefill tiles take the folded keys' extra exponent bands (``mxfp4.folded_page_logits``),
+    decode tiles their group dots. Rows whose query lives only in the deep group score it
+    within 2 ulp, so a lost band fails (on the H200, one band only: the prefill case fails)."""
     kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, q_dtype="e4m3")
     if shape == "prefill":
         case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
