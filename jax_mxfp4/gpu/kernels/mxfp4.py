@@ -193,7 +193,9 @@ def folded_page_logits(q, page_ptr, live):
     running result scaled by ``2**-32`` between them (Horner, in place: no second
     accumulator). A page whose live groups all lie within 32 binades, the common case, takes
     one dot. Tokens that are not live may get any finite keys (zeros above the reference):
-    their logits must be masked.
+    their logits must be masked. A live token more than ~100 binades below the page's largest
+    loses low bits to fp32 subnormals: far below the 2 ulp of the block's magnitude (SPEC
+    §10) that the largest token sets.
 
     Returns ``(dots f32 [M, 128], exponent int32)`` with ``q . k = dots * 2**exponent`` for
     every live token, so a row's maximum can be taken first and scaled once.
