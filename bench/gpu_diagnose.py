@@ -139,32 +139,60 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
               f"{times[0]:.1f} us at 4 warps, {times[1]:.1f} us at 8")
 
 
+def _index_inputs(b: int, s: int, nb: int, prefix: int, gen, device: str) -> dict:
+    """Torch inputs of index_scores_kernel: ``b`` requests of ``s`` rows over ``nb`` blocks
+    each (one index head, distinct pages, scale bytes 120..131); a request's rows sit at
+    positions ``prefix ..`` or, with ``prefix = -1``, end at its context's end."""
+    import torch
+
+    t, pages = b * s, b * nb
+    pool = torch.randint(0, 256, (pages, 8704), dtype=torch.uint8, generator=gen)
+    pool[:, 8192:] = torch.randint(120, 132, (pages, 512), dtype=torch.uint8, generator=gen)
+    local = torch.arange(t, dtype=torch.int32) % s
+    return {
+        "q": torch.randn((t, 1, 128), generator=gen).to(torch.bfloat16).to(device),
+        "pool": pool.to(device),
+        "table": torch.randperm(pages, generator=gen).to(torch.int32).reshape(b, nb).to(device),
+        "pos": (local + (nb * 128 - s if prefix < 0 else prefix)).to(torch.int32).to(device),
+        "req": (torch.arange(t, dtype=torch.int32) // s).to(device),
+        "out": torch.empty((1, t, nb), dtype=torch.float32, device=device),
+        "T": t, "B": b, "W": nb, "P": pages, "NB": nb,
+    }
+
+
+def _index_launch(plan, inputs: dict):
+    """A zero-argument launch of index_scores_kernel with ``plan`` on ``inputs`` (bf16 query
+    rounded to e4m3, fp16 dots)."""
+    import triton.language as tl
+
+    from jax_mxfp4.gpu.kernels import index_scores as K
+
+    a = inputs
+    return functools.partial(
+        K.index_scores_kernel[plan.grid], a["q"], a["pool"], a["table"], a["pos"], a["req"],
+        a["out"], a["T"], a["B"], a["W"], a["P"], a["NB"], 1.0, H=1, ROWS=plan.rows, M=plan.m,
+        BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True, USE_FP8=False, DOT_DTYPE=tl.float16,
+        ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
+
+
 def index_variants(device: str = "cuda", timer=None,
                    shapes=((32, 1, 1024), (4, 1, 4096), (32, 1, 64), (8, 4, 1024))) -> None:
     """index_scores_kernel's decode tilings side by side (Triton launches on torch tensors,
     ``triton.testing.do_bench``): the 16-row tensor-core tile, and for one row per tile the
     CUDA-core scoring at 1, 2 or 4 blocks per program and 2, 4 or 8 warps. Shapes: (requests
-    B, rows per request S, blocks per request); one index head, every block live."""
+    B, rows per request S, blocks per request); one index head, rows at the context's end."""
     import dataclasses
 
     import torch
     import triton
-    import triton.language as tl
 
     from jax_mxfp4.gpu.kernels import index_scores as K
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
     for b, s, nb in shapes:
-        t, pages = b * s, b * nb
-        pool = torch.randint(0, 256, (pages, 8704), dtype=torch.uint8, generator=gen)
-        pool[:, 8192:] = torch.randint(120, 132, (pages, 512), dtype=torch.uint8, generator=gen)
-        pool = pool.to(device)
-        q = torch.randn((t, 1, 128), generator=gen).to(torch.bfloat16).to(device)
-        table = torch.randperm(pages, generator=gen).to(torch.int32).reshape(b, nb).to(device)
-        pos = torch.full((t,), nb * 128 - 1, dtype=torch.int32, device=device)
-        req = torch.arange(t, dtype=torch.int32, device=device) // s
-        out = torch.empty((1, t, nb), dtype=torch.float32, device=device)
+        inputs = _index_inputs(b, s, nb, -1, gen, device)
+        t, pages = inputs["T"], inputs["P"]
         base = K.plan(t, 1, b, nb)
         grid1 = (base.grid[0], nb, 1)
         variants = {"tensor cores": dataclasses.replace(base, blocks=1, grid=grid1,
@@ -175,14 +203,7 @@ def index_variants(device: str = "cuda", timer=None,
                     grid = (base.grid[0], triton.cdiv(nb, blocks), 1)
                     variants[f"cuda cores {blocks} blk {warps} w"] = dataclasses.replace(
                         base, blocks=blocks, grid=grid, num_warps=warps)
-        times = []
-        for plan in variants.values():
-            kernel = K.index_scores_kernel[plan.grid]
-            times.append(timer(functools.partial(
-                kernel, q, pool, table, pos, req, out, t, b, nb, pages, nb, 1.0, H=1,
-                ROWS=plan.rows, M=plan.m, BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True,
-                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row, FOLD=plan.fold,
-                num_warps=plan.num_warps)))
+        times = [timer(_index_launch(plan, inputs)) for plan in variants.values()]
         gbs = [pages * 68 * 128 / (x * 1e-6) / 1e9 for x in times]
         rows = zip(variants, times, gbs, strict=True)
         print(f"index_scores b{b} S{s} {nb} blocks (plan: {base.blocks} blk): "
@@ -201,23 +222,14 @@ def index_fold_variants(device: str = "cuda", timer=None,
 
     import torch
     import triton
-    import triton.language as tl
 
     from jax_mxfp4.gpu.kernels import index_scores as K
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
     for b, s, nb, prefix in shapes:
-        t, pages = b * s, b * nb
-        pool = torch.randint(0, 256, (pages, 8704), dtype=torch.uint8, generator=gen)
-        pool[:, 8192:] = torch.randint(120, 132, (pages, 512), dtype=torch.uint8, generator=gen)
-        pool = pool.to(device)
-        q = torch.randn((t, 1, 128), generator=gen).to(torch.bfloat16).to(device)
-        table = torch.randperm(pages, generator=gen).to(torch.int32).reshape(b, nb).to(device)
-        local = torch.arange(t, dtype=torch.int32) % s
-        pos = (local + (nb * 128 - s if prefix < 0 else prefix)).to(torch.int32).to(device)
-        req = (torch.arange(t, dtype=torch.int32) // s).to(device)
-        out = torch.empty((1, t, nb), dtype=torch.float32, device=device)
+        inputs = _index_inputs(b, s, nb, prefix, gen, device)
+        t = inputs["T"]
         plans = {"groups 64 rows": K.plan(t, 1, b, nb, foldable=False)}
         planned = K.plan(t, 1, b, nb)
         if planned.fold:
@@ -225,15 +237,8 @@ def index_fold_variants(device: str = "cuda", timer=None,
             grid = (triton.cdiv(t, rows), planned.grid[1], 1)
             plans["folded 64 rows"] = dataclasses.replace(planned, rows=rows, m=rows, grid=grid)
             plans[f"folded {planned.rows} rows (plan)"] = planned
-        results = []
-        for label, plan in plans.items():
-            kernel = K.index_scores_kernel[plan.grid]
-            x = timer(functools.partial(
-                kernel, q, pool, table, pos, req, out, t, b, nb, pages, nb, 1.0, H=1,
-                ROWS=plan.rows, M=plan.m, BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True,
-                USE_FP8=False, DOT_DTYPE=tl.float16, ONE_ROW=plan.one_row, FOLD=plan.fold,
-                num_warps=plan.num_warps))
-            results.append(f"{label} {x:.1f} us")
+        results = [f"{label} {timer(_index_launch(plan, inputs)):.1f} us"
+                   for label, plan in plans.items()]
         print(f"index_scores b{b} rows/request {s} {nb} blocks prefix {prefix}: "
               + ", ".join(results), flush=True)
 
