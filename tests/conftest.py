@@ -228,6 +228,18 @@ def decode_index_case(rng, seq_lens, tokens_per_request, *, num_heads=2, num_blo
     return IndexCase(q, pool, table, positions, requests, num_blocks, seq)
 
 
+def deep_scale_index_case(rng, layout: str) -> IndexCase:
+    """An index case (one head, e4m3 queries; ``layout``: "prefill", "decode" with 8 rows per
+    request, or "decode1" with 1) whose pages :func:`deepen_scale_groups` rewrites."""
+    kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, q_dtype="e4m3")
+    if layout == "prefill":
+        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
+    else:
+        case = decode_index_case(rng, [600, 33, 128, 257], 8 if layout == "decode" else 1, **kw)
+    deepen_scale_groups(rng, case)
+    return case
+
+
 def deepen_scale_groups(rng, case) -> None:
     """Scale group 3 of every page's tokens ``depth`` binades below groups 0-2 (one depth per
     page, up to 110), and group 1 of a fifth of the tokens all zero with byte 0; the even

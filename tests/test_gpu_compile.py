@@ -174,11 +174,15 @@ def test_prefill_index_tiles_fold_the_keys_without_spilling(monkeypatch):
     from jax_mxfp4.gpu import lowering
     from jax_mxfp4.gpu.kernels import index_scores
 
-    assert index_scores.plan(4096, 1, 1, 64).fold and index_scores.plan(4096, 1, 1, 64).m == 128
-    assert index_scores.plan(256, 1, 4, 64).fold and index_scores.plan(256, 1, 4, 64).m == 64
-    assert not index_scores.plan(4096, 1, 1, 64, foldable=False).fold
-    assert index_scores.plan(4096, 1, 1, 64, foldable=False).m == 64
-    assert not index_scores.plan(32, 1, 8, 64).fold
+    tiles = {
+        "prefill": index_scores.plan(4096, 1, 1, 64),
+        "prefill64": index_scores.plan(256, 1, 4, 64),
+        "e4m3 dots": index_scores.plan(4096, 1, 1, 64, foldable=False),
+        "decode": index_scores.plan(32, 1, 8, 64),
+    }
+    assert {name: (tile.fold, tile.m) for name, tile in tiles.items()} == {
+        "prefill": (True, 128), "prefill64": (True, 64), "e4m3 dots": (False, 64),
+        "decode": (False, 16)}
     sass_stats = _sass_stats(monkeypatch)
     for rows, per_request in ((4096, 4096), (256, 64)):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(rows, per_request, 16))

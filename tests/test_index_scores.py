@@ -42,7 +42,7 @@ from conftest import (
     SM_SCALE,
     call,
     decode_index_case,
-    deepen_scale_groups,
+    deep_scale_index_case,
     prefill_index_case,
 )
 
@@ -197,13 +197,8 @@ def test_sm_scale(impl, sm_scale, rng):
 @pytest.mark.parametrize("layout", ["prefill", "decode"])
 def test_deep_scale_groups(impl, layout, rng):
     """A token's groups up to 110 binades apart (and all-zero groups, byte 0); rows whose
-    query lives in the deepest group alone (conftest.deepen_scale_groups)."""
-    kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, q_dtype="e4m3")
-    if layout == "prefill":
-        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
-    else:
-        case = decode_index_case(rng, [600, 33, 128, 257], 8, **kw)
-    deepen_scale_groups(rng, case)
+    query lives in the deepest group alone (conftest.deep_scale_index_case)."""
+    case = deep_scale_index_case(rng, layout)
     got, want, mags = run(impl, case, "e4m3", magnitudes=True)
     assert np.isfinite(got).sum() > 50
     assert_scores(got, want, exact=False, magnitudes=mags, positions=case.positions)

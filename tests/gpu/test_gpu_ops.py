@@ -15,7 +15,7 @@ from conftest import (
     SM_SCALE,
     attention_case,
     decode_index_case,
-    deepen_scale_groups,
+    deep_scale_index_case,
     large_value_case,
     prefill_index_case,
     random_pages,
@@ -182,12 +182,7 @@ def test_index_scores_deep_scale_groups(rng, shape):
     prefill tiles take the folded keys' extra exponent bands (``mxfp4.folded_page_logits``),
     decode tiles their group dots. Rows whose query lives only in the deep group score it
     within 2 ulp, so a lost band fails (on the H200, one band only: the prefill case fails)."""
-    kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, q_dtype="e4m3")
-    if shape == "prefill":
-        case = prefill_index_case(rng, [100, 3, 60], [10, 500, 0], num_rows=200, **kw)
-    else:
-        case = decode_index_case(rng, [600, 33, 128, 257], 8 if shape == "decode" else 1, **kw)
-    deepen_scale_groups(rng, case)
+    case = deep_scale_index_case(rng, shape)
     kernel, ref = _index(case)
     static = dict(num_blocks=case.num_blocks, sm_scale=SM_SCALE, q_round="e4m3")
     truth = oracle.index_scores(*case.args(), **static).astype(np.float64)

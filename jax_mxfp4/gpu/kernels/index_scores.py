@@ -115,7 +115,7 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. ``ONE_ROW``: tiles of one dot row, scored on the CUDA
     cores (``mxfp4.row_page_logits``). ``FOLD``: 16-bit dots on folded keys
-    (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``, e4m3 dots)."""
+    (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``)."""
     first_row = tl.program_id(0) * ROWS
     m = tl.arange(0, M)
     row = first_row + m // H

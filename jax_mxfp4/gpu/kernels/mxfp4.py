@@ -28,8 +28,8 @@ import triton.language as tl
 
 PAGE_BYTES = tl.constexpr(8704)
 SCALE_OFFSET = tl.constexpr(8192)
-FOLD_SHIFT = tl.constexpr(15)  # folded keys: the largest group of a token is scaled by 2**15
-FOLD_BAND = tl.constexpr(32)  # binades of group scale below a token's largest in one dot
+FOLD_SHIFT = tl.constexpr(15)  # folded keys: a group at the reference byte is scaled by 2**15
+FOLD_BAND = tl.constexpr(32)  # binades of group scale below the reference byte in one dot
 BAND_STEP = tl.constexpr(2.0**-32)  # 2**-FOLD_BAND
 
 
@@ -170,7 +170,7 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
 def _band_keys(page_ptr, depth, band, DTYPE: tl.constexpr):
     """A page's keys in exponent band ``band`` as one dot operand ``DTYPE [128, 128]``: each
     group's e4m3 codes times ``2**(FOLD_SHIFT - depth + band * FOLD_BAND)`` (``depth``: int32
-    [128, 4], each group's scale byte below its token's largest) where that exponent lies in
+    [128, 4], each group's scale byte below the page's reference byte) where that exponent lies in
     ``(FOLD_SHIFT - FOLD_BAND, FOLD_SHIFT]``, zeros elsewhere."""
     codes = e2m1_fp8(page_ptr, tl.arange(0, 128), 0, 64).to(DTYPE)
     shift = FOLD_SHIFT - depth + band * FOLD_BAND
