@@ -1,10 +1,10 @@
 """Static SASS profile of the GPU kernels, on a machine without a GPU.
 
-Exports a few of the bench's shapes for CUDA sm_90 (``jax.export`` with
-``JAX_MXFP4_GPU_ARCH=90``, as ``tests/test_gpu_compile.py`` does), records every Triton kernel
-the lowering compiles, and disassembles each cubin with the ``nvdisasm`` and ``cuobjdump``
-that ship with Triton. Per kernel: registers, stack and shared memory per program, and the
-instruction mix. Counts are static (a loop body counts once), and fewer instructions is not
+Exports a few of the bench's shapes for CUDA sm_90 (``jax.export`` under
+``jm.lowering_options(gpu_arch=90)``, as ``tests/test_gpu_compile.py`` does), records every
+Triton kernel the lowering compiles, and disassembles each cubin with the ``nvdisasm`` and
+``cuobjdump`` that ship with Triton. Per kernel: registers, stack and shared memory per
+program, and the instruction mix. Counts are static (a loop body counts once), and fewer instructions is not
 always faster (bench/RESULTS.md has a counter-example): use it to choose what to time on the
 device, not instead of timing.
 
@@ -14,20 +14,17 @@ device, not instead of timing.
 from __future__ import annotations
 
 import collections
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("JAX_MXFP4_GPU_ARCH", "90")
-
 import jax
 import jax.numpy as jnp
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import compiler, launch, lowering
+from jax_mxfp4.gpu import compiler, launch
 
 SM = 128**-0.5
 u8, i32 = jnp.uint8, jnp.int32
@@ -75,18 +72,19 @@ def _tool(name: str) -> str:
 def kernels_of(fn, args) -> list[compiler.Compiled]:
     """The kernels the GPU lowering of ``fn(*args)`` compiles for sm_90, in launch order."""
     seen: list[compiler.Compiled] = []
-    compile_kernel, available = compiler.compile_kernel, lowering.available
+    compile_kernel = compiler.compile_kernel
 
     def recording(spec, target):
         seen.append(compile_kernel(spec, target))
         return seen[-1]
 
-    compiler.compile_kernel, lowering.available = recording, lambda: True
+    compiler.compile_kernel = recording
     try:
         checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
-        jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
+        with jm.lowering_options(gpu_arch=90):
+            jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
     finally:
-        compiler.compile_kernel, lowering.available = compile_kernel, available
+        compiler.compile_kernel = compile_kernel
     return seen
 
 

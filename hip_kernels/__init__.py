@@ -15,7 +15,7 @@ base-2 online softmax, direct or split-K, bf16 or fused MXFP8 output) and
 ``attention_merge`` (the split-K reducer).
 """
 
-from hip_kernels.abi import Specialization, minimax_specializations
-from hip_kernels.code_object import CodeObject, code_object
+from .abi import Specialization, minimax_specializations
+from .code_object import CodeObject, code_object
 
 __all__ = ["CodeObject", "Specialization", "code_object", "minimax_specializations"]

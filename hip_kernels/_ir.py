@@ -6,7 +6,8 @@ builders that FlyDSL re-exports. Every helper accepts FlyDSL numerics, ``ArithVa
 ``ir.Value`` operands (FlyDSL turns loop-carried values into DSL numerics) and returns raw
 ``ir.Value`` results, so the generated code is exactly what the kernel source says.
 
-Import only inside a kernel build (FlyDSL, and through it torch, are optional dependencies).
+FlyDSL (and through it torch) is an optional dependency: its modules are imported when a
+helper first runs, so importing this module needs neither (``_lazy``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
-from flydsl._mlir import ir
-from flydsl._mlir.dialects import arith, llvm, scf, vector
-from flydsl.expr import gpu, rocdl
-from flydsl.expr.arith import _to_raw
+from ._lazy import LazyModule
+
+ir = LazyModule("flydsl._mlir.ir")
+arith = LazyModule("flydsl._mlir.dialects.arith")
+llvm = LazyModule("flydsl._mlir.dialects.llvm")
+scf = LazyModule("flydsl._mlir.dialects.scf")
+vector = LazyModule("flydsl._mlir.dialects.vector")
+gpu = LazyModule("flydsl.expr.gpu")
+rocdl = LazyModule("flydsl.expr.rocdl")
+_flydsl_arith = LazyModule("flydsl.expr.arith")
 
 _DYNAMIC_INDEX = -(2**31)
 NEG_INF = float("-inf")
@@ -25,7 +32,7 @@ NEG_INF = float("-inf")
 
 def raw(x) -> ir.Value:
     """The ``ir.Value`` behind a FlyDSL numeric, ``ArithValue`` or raw value."""
-    return _to_raw(x)
+    return _flydsl_arith._to_raw(x)
 
 
 def i1() -> ir.Type:

@@ -8,10 +8,8 @@ first (SPEC §15.2); bf16 values widen to fp32 exactly by a 16-bit shift; e2m1 c
 
 from __future__ import annotations
 
-from flydsl._mlir.dialects import arith
-from flydsl.expr import rocdl
-
-from hip_kernels import _ir as I
+from . import _ir as I
+from ._ir import arith, rocdl
 
 E4M3_MAX = 448.0
 

@@ -1,6 +1,8 @@
 """The launch contract of every gfx950 FlyDSL kernel: specializations, kernarg layouts, grids.
 
 This module is what a launcher packs against; it imports nothing heavy (no FlyDSL, no torch).
+Each kernel's argument list is declared once, as ``ARGS`` in its kernel module
+(:func:`args`).
 
 Kernel arguments follow the AMDGPU HSA code-object ABI as FlyDSL emits it: each argument at
 the next offset aligned to its own size, pointers 8 bytes (``global_buffer``), ``i32``/``f32``
@@ -17,9 +19,7 @@ slots per attention row, ``NP`` split-K partitions.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-
-OPS = ("write_cache", "index_scores", "sparse_attention", "attention_merge")
+import importlib
 
 _SIZES = {"pointer": 8, "i32": 4, "f32": 4, "i64": 8}
 
@@ -60,64 +60,16 @@ def kernarg_layout(args: tuple[Arg, ...]) -> tuple[tuple[Slot, ...], int]:
     return tuple(slots), offset
 
 
-WRITE_CACHE_ARGS = (
-    Arg("pool", "pointer", "u8[P, Hkv, 8704] pool, written in place (index pool: Hkv = 1)"),
-    Arg("x", "pointer", "bf16[T, Hkv, 128] rows to quantize"),
-    Arg("slots", "pointer", "s32[T] slot = page * 128 + offset; outside [0, P*128) is skipped"),
-    Arg("num_tokens", "i32", "T"),
-    Arg("num_pages", "i32", "P"),
-    Arg("num_heads", "i32", "Hkv"),
-    Arg("round_mode", "i32", "e8m0 rounding: 0 up, 1 even, 2 down (ffi_targets.ROUND_MODE_CODES)"),
-)
+KERNEL_OPS = ("write_cache", "index_scores", "sparse_attention", "attention_merge")
+"""Kernels with a module of the same name in this package."""
 
-INDEX_SCORES_ARGS = (
-    Arg("q", "pointer", "bf16|e4m3[T, H, 128] index queries"),
-    Arg("index_pool", "pointer", "u8[P, 8704] MXFP4 index-key pages"),
-    Arg("block_table", "pointer", "s32[B, W] logical block -> page"),
-    Arg("positions", "pointer", "s32[T] absolute position of each row, -1 = padding"),
-    Arg("requests", "pointer", "s32[T] request of each row"),
-    Arg("out", "pointer", "f32[H, T, NB] scores (every element written)"),
-    Arg("num_rows", "i32", "T"),
-    Arg("num_pages", "i32", "P"),
-    Arg("num_requests", "i32", "B"),
-    Arg("table_width", "i32", "W (>= NB)"),
-    Arg("num_blocks", "i32", "NB"),
-    Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
-)
 
-SPARSE_ATTENTION_ARGS = (
-    Arg("q", "pointer", "bf16|e4m3[T, Hkv*G, 128] queries"),
-    Arg("k_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 keys"),
-    Arg("v_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 values"),
-    Arg("page_table", "pointer", "s32[T, Hkv, n] page ids in attention order"),
-    Arg("context_lens", "pointer", "s32[T, Hkv] tokens attended per row"),
-    Arg("out", "pointer", "direct: bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values); "
-        "split: bf16[R, NP, G, 128] partial outputs (normalized)"),
-    Arg("out_aux", "pointer", "direct mxfp8: u8[T, Hkv*G*4] scales; split: f32[R, NP, G, 2] "
-        "partial (base-2 max, sum); direct bf16: unused (may be null)"),
-    Arg("num_rows", "i32", "R = T * Hkv"),
-    Arg("num_kv_heads", "i32", "Hkv"),
-    Arg("num_pages", "i32", "P"),
-    Arg("pages_per_row", "i32", "n"),
-    Arg("num_partitions", "i32", "NP (1 for the direct kernels)"),
-    Arg("sm_scale", "f32", "softmax scale"),
-)
-
-ATTENTION_MERGE_ARGS = (
-    Arg("partial_out", "pointer", "bf16[R, NP, G, 128] from the split kernel"),
-    Arg("partial_stats", "pointer", "f32[R, NP, G, 2] from the split kernel"),
-    Arg("out", "pointer", "bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values)"),
-    Arg("out_aux", "pointer", "mxfp8: u8[T, Hkv*G*4] scales; bf16: unused (may be null)"),
-    Arg("num_rows", "i32", "R"),
-    Arg("num_partitions", "i32", "NP"),
-)
-
-ARGS: Mapping[str, tuple[Arg, ...]] = {
-    "write_cache": WRITE_CACHE_ARGS,
-    "index_scores": INDEX_SCORES_ARGS,
-    "sparse_attention": SPARSE_ATTENTION_ARGS,
-    "attention_merge": ATTENTION_MERGE_ARGS,
-}
+def args(op: str) -> tuple[Arg, ...]:
+    """The argument list of kernel ``op``: the ``ARGS`` its kernel module declares (the one
+    declaration the kernel's signature, its launches and these layouts all derive from)."""
+    if op not in KERNEL_OPS:
+        raise ValueError(f"unknown op {op!r}; one of {KERNEL_OPS}")
+    return importlib.import_module(f".{op}", __package__).ARGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +106,8 @@ class Specialization:
 
 def check(spec: Specialization) -> None:
     """Raise ValueError for a specialization no kernel implements."""
-    if spec.op not in OPS:
-        raise ValueError(f"unknown op {spec.op!r}; one of {OPS}")
+    if spec.op not in KERNEL_OPS:
+        raise ValueError(f"unknown op {spec.op!r}; one of {KERNEL_OPS}")
     powers = (1, 2, 4, 8, 16)
     if spec.op == "index_scores":
         ok = spec.q in ("bf16", "e4m3") and spec.heads in powers and spec.tiling in TILINGS

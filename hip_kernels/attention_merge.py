@@ -9,19 +9,28 @@ quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16
 
 One wave per row; lane ``(c, b) = (lane // 4, lane % 4)`` owns q head ``c`` (< G), output
 elements ``32b .. 32b + 31`` (one MX block). Kernarg layout:
-:data:`hip_kernels.abi.ATTENTION_MERGE_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+:data:`ARGS` below. Grid: :func:`hip_kernels.abi.grid`.
 """
 
-# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+from __future__ import annotations
 
-import flydsl.compiler as flyc
-import flydsl.expr as fx
+import functools
 
-from hip_kernels import _ir as I
-from hip_kernels import _numerics as N
-from hip_kernels.abi import Specialization
+from . import _ir as I
+from . import _numerics as N
+from ._signature import jit_launcher
+from .abi import BLOCK_THREADS, Arg, Specialization
 
-THREADS = 64
+ARGS = (
+    Arg("partial_out", "pointer", "bf16[R, NP, G, 128] from the split kernel"),
+    Arg("partial_stats", "pointer", "f32[R, NP, G, 2] from the split kernel"),
+    Arg("out", "pointer", "bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values)"),
+    Arg("out_aux", "pointer", "mxfp8: u8[T, Hkv*G*4] scales; bf16: unused (may be null)"),
+    Arg("num_rows", "i32", "R"),
+    Arg("num_partitions", "i32", "NP"),
+)
+
+THREADS = BLOCK_THREADS["attention_merge"]
 
 
 def store_output_block(output: str, out, out_aux, row_head, block, values) -> None:
@@ -93,26 +102,7 @@ def _body(spec: Specialization, a) -> None:
         store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
 
 
-class _Args:
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
-
-
 def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of one attention_merge specialization."""
     assert spec.op == "attention_merge"
-
-    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
-    def kernel(partial_out: fx.Pointer, partial_stats: fx.Pointer, out: fx.Pointer,
-               out_aux: fx.Pointer, num_rows: fx.Int32, num_partitions: fx.Int32):
-        _body(spec, _Args(partial_out=partial_out, partial_stats=partial_stats, out=out,
-                          out_aux=out_aux, num_rows=num_rows, num_partitions=num_partitions))
-
-    @flyc.jit
-    def launch(partial_out: fx.Pointer, partial_stats: fx.Pointer, out: fx.Pointer,
-               out_aux: fx.Pointer, num_rows: fx.Int32, num_partitions: fx.Int32,
-               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        kernel(partial_out, partial_stats, out, out_aux, num_rows, num_partitions).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
-
-    return launch
+    return jit_launcher(spec.symbol, ARGS, functools.partial(_body, spec), THREADS)

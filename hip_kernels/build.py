@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hip_kernels import abi
-from hip_kernels.code_object import ARCHES, CodeObject, code_object, write_files
-from hip_kernels.metadata import waves_per_simd
+from . import abi
+from .code_object import ARCHES, CodeObject, code_object, write_files
+from .metadata import waves_per_simd
 
 
 def _progress(done: int, total: int, label: str, stream) -> None:

@@ -22,8 +22,8 @@ import tempfile
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
-from hip_kernels import abi
-from hip_kernels.metadata import KernelInfo, kernel_info, waves_per_simd
+from . import abi
+from .metadata import KernelInfo, kernel_info, waves_per_simd
 
 ARCHES = ("gfx950",)
 LDS_LIMIT = {"gfx950": 163840}
@@ -57,11 +57,11 @@ class CodeObject:
 
     @property
     def kernarg_layout(self) -> tuple[abi.Slot, ...]:
-        return abi.kernarg_layout(abi.ARGS[self.spec.op])[0]
+        return abi.kernarg_layout(abi.args(self.spec.op))[0]
 
     @property
     def kernarg_size(self) -> int:
-        return abi.kernarg_layout(abi.ARGS[self.spec.op])[1]
+        return abi.kernarg_layout(abi.args(self.spec.op))[1]
 
     def grid(self, **dims: int) -> tuple[int, int, int]:
         return abi.grid(self.spec, **dims)

@@ -15,15 +15,7 @@ import io
 import tempfile
 from pathlib import Path
 
-from hip_kernels import abi, toolchain
-
-_BUILDERS = {
-    "write_cache": "hip_kernels.write_cache",
-    "index_scores": "hip_kernels.index_scores",
-    "sparse_attention": "hip_kernels.sparse_attention",
-    "attention_merge": "hip_kernels.attention_merge",
-}
-
+from . import abi, toolchain
 
 WAVES_PER_EU = 2
 """Occupancy every kernel is compiled for (LLVM keeps VGPR+AGPR within 256 per wave)."""
@@ -41,7 +33,8 @@ class Compiled:
 
 
 def builder_module(op: str):
-    return importlib.import_module(_BUILDERS[op])
+    """The kernel module of ``op`` (its ``build(spec)`` makes the FlyDSL launcher)."""
+    return importlib.import_module(f".{op}", __package__)
 
 
 def placeholder_args(spec: abi.Specialization) -> list:
@@ -50,7 +43,7 @@ def placeholder_args(spec: abi.Specialization) -> list:
     import flydsl.expr as fx
 
     out: list = []
-    for arg in abi.ARGS[spec.op]:
+    for arg in abi.args(spec.op):
         if arg.kind == "pointer":
             out.append(flyc.from_c_void_p(fx.Uint8, 0, assumed_align=16))
         elif arg.kind == "i32":

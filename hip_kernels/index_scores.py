@@ -23,22 +23,42 @@ Work split (4 waves of 64 lanes per workgroup):
   4 lanes of a column write 4 consecutive floats (16 contiguous bytes of the output row).
 
 Accumulator layout assumed (16x16 MFMA): lane ``l`` holds ``D[4*(l//16) + v][l % 16]``.
-Kernarg layout: :data:`hip_kernels.abi.INDEX_SCORES_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid`.
 """
 
-# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+from __future__ import annotations
 
-import flydsl.compiler as flyc
-import flydsl.expr as fx
+import functools
 
-from hip_kernels import _ir as I
-from hip_kernels import _numerics as N
-from hip_kernels.abi import BLOCKS_PER_WAVE, TILINGS, Specialization, index_scores_tile
+from jax_mxfp4.formats import PAGE_BYTES
+from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.scaling import folded_score_scale
 
-PAGE_BYTES = 8704
-SCALE_OFFSET = 8192
+from . import _ir as I
+from . import _launch
+from . import _numerics as N
+from ._signature import jit_launcher
+from .abi import BLOCK_THREADS, BLOCKS_PER_WAVE, TILINGS, Arg, Specialization, index_scores_tile
+from .code_object import code_object
+
+ARGS = (
+    Arg("q", "pointer", "bf16|e4m3[T, H, 128] index queries"),
+    Arg("index_pool", "pointer", "u8[P, 8704] MXFP4 index-key pages"),
+    Arg("block_table", "pointer", "s32[B, W] logical block -> page"),
+    Arg("positions", "pointer", "s32[T] absolute position of each row, -1 = padding"),
+    Arg("requests", "pointer", "s32[T] request of each row"),
+    Arg("out", "pointer", "f32[H, T, NB] scores (every element written)"),
+    Arg("num_rows", "i32", "T"),
+    Arg("num_pages", "i32", "P"),
+    Arg("num_requests", "i32", "B"),
+    Arg("table_width", "i32", "W (>= NB)"),
+    Arg("num_blocks", "i32", "NB"),
+    Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
+)
+
 PAGE_CHUNKS = PAGE_BYTES // 16
-THREADS = 256
+THREADS = BLOCK_THREADS["index_scores"]
 
 
 class _Geometry:
@@ -225,35 +245,57 @@ def _body(g: _Geometry, a) -> None:
         I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-2)], row)
 
 
-class _Args:
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
-
-
 def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of one index_scores specialization."""
     assert spec.op == "index_scores"
-    geometry = _Geometry(spec)
+    return jit_launcher(spec.symbol, ARGS, functools.partial(_body, _Geometry(spec)), THREADS)
 
-    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
-    def kernel(q: fx.Pointer, index_pool: fx.Pointer, block_table: fx.Pointer,
-               positions: fx.Pointer, requests: fx.Pointer, out: fx.Pointer, num_rows: fx.Int32,
-               num_pages: fx.Int32, num_requests: fx.Int32, table_width: fx.Int32,
-               num_blocks: fx.Int32, score_scale: fx.Float32):
-        _body(geometry, _Args(q=q, index_pool=index_pool, block_table=block_table,
-                              positions=positions, requests=requests, out=out,
-                              num_rows=num_rows, num_pages=num_pages,
-                              num_requests=num_requests, table_width=table_width,
-                              num_blocks=num_blocks, score_scale=score_scale))
 
-    @flyc.jit
-    def launch(q: fx.Pointer, index_pool: fx.Pointer, block_table: fx.Pointer,
-               positions: fx.Pointer, requests: fx.Pointer, out: fx.Pointer, num_rows: fx.Int32,
-               num_pages: fx.Int32, num_requests: fx.Int32, table_width: fx.Int32,
-               num_blocks: fx.Int32, score_scale: fx.Float32,
-               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        kernel(q, index_pool, block_table, positions, requests, out, num_rows, num_pages,
-               num_requests, table_width, num_blocks, score_scale).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+# --- lowering (available / covers / lower: jax_mxfp4.lowering.KernelModule) -----------------
 
-    return launch
+
+def _spec(call) -> Specialization:
+    """The specialization of a call: the prefill tiling when a request has at least a
+    prefill tile of rows, the decode tiling otherwise."""
+    q_aval, _, table_aval = call.avals_in[:3]
+    rows, heads = q_aval.shape[0], q_aval.shape[1]
+    q = _launch.q_dtype(q_aval)
+    prefill = Specialization("index_scores", q=q, heads=heads, tiling="prefill")
+    per_request = rows // max(1, table_aval.shape[0])
+    tiling = "prefill" if per_request >= index_scores_tile(prefill)[0] else "decode"
+    return Specialization("index_scores", q=q, heads=heads, tiling=tiling)
+
+
+def available(target, config) -> str | None:
+    return _launch.available(target, config)
+
+
+def covers(call) -> str | None:
+    heads = call.avals_in[0].shape[1]
+    if heads not in _launch.POWERS:
+        return f"the kernels are built for {_launch.POWERS} index heads, not {heads}"
+    if _launch.q_dtype(call.avals_in[0]) == "bf16" and call.params["q_round"] != "e4m3":
+        return "q_round='none' keeps a bf16 query bf16: the scaled MFMA takes e4m3 queries"
+    return _launch.code_object_problem(_spec(call), call.target.arch)
+
+
+def kernel_name(call) -> str:
+    return _spec(call).symbol
+
+
+def lower(ctx, call, q, pool, table, positions, requests):
+    q_aval, pool_aval, table_aval = call.avals_in[:3]
+    rows = q_aval.shape[0]
+    num_requests, width = table_aval.shape
+    num_blocks = call.params["num_blocks"]
+    co = code_object(_spec(call), arch=call.target.arch)
+    grid = _launch.empty_or(co.grid(num_rows=rows, num_blocks=num_blocks), rows, num_blocks,
+                            num_requests)
+    launch = _launch.launch(
+        co, grid,
+        buffers=("q", "index_pool", "block_table", "positions", "requests", "out"),
+        scalars={"num_rows": rows, "num_pages": pool_aval.shape[0],
+                 "num_requests": num_requests, "table_width": width, "num_blocks": num_blocks,
+                 "score_scale": folded_score_scale(call.params["sm_scale"])})
+    return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
+                         call.avals_out)

@@ -26,30 +26,56 @@ The 4 waves then merge ``(m, l, O)`` through LDS. ``direct`` kernels (one partit
 final bf16 output or its MXFP8 quantization (SPEC §8, fused epilogue); ``split`` kernels write
 the partition's ``(m, l)`` and ``O/l`` (bf16) for :mod:`hip_kernels.attention_merge`.
 
-Kernarg layout: :data:`hip_kernels.abi.SPARSE_ATTENTION_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid`.
 """
 
-# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+from __future__ import annotations
 
-import flydsl.compiler as flyc
-import flydsl.expr as fx
-from flydsl.expr import rocdl
+import functools
 
-from hip_kernels import _ir as I
-from hip_kernels import _numerics as N
-from hip_kernels.abi import Specialization
-from hip_kernels.attention_merge import store_output_block
+import jax.numpy as jnp
+from jax.core import ShapedArray
 
-PAGE_BYTES = 8704
-SCALE_OFFSET = 8192
-THREADS = 256
+from jax_mxfp4.formats import PAGE_BYTES
+from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.plans import attention_splits
+from jax_mxfp4.scaling import FLT_MIN
+
+from . import _ir as I
+from . import _launch
+from . import _numerics as N
+from ._ir import rocdl
+from ._signature import jit_launcher
+from .abi import BLOCK_THREADS, Arg, Specialization
+from .attention_merge import store_output_block
+from .code_object import code_object
+
+ARGS = (
+    Arg("q", "pointer", "bf16|e4m3[T, Hkv*G, 128] queries"),
+    Arg("k_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 keys"),
+    Arg("v_pool", "pointer", "u8[P, Hkv, 8704] MXFP4 values"),
+    Arg("page_table", "pointer", "s32[T, Hkv, n] page ids in attention order"),
+    Arg("context_lens", "pointer", "s32[T, Hkv] tokens attended per row"),
+    Arg("out", "pointer", "direct: bf16[T, Hkv*G, 128] or e4m3[T, Hkv*G*128] (mxfp8 values); "
+        "split: bf16[R, NP, G, 128] partial outputs (normalized)"),
+    Arg("out_aux", "pointer", "direct mxfp8: u8[T, Hkv*G*4] scales; split: f32[R, NP, G, 2] "
+        "partial (base-2 max, sum); direct bf16: unused (may be null)"),
+    Arg("num_rows", "i32", "R = T * Hkv"),
+    Arg("num_kv_heads", "i32", "Hkv"),
+    Arg("num_pages", "i32", "P"),
+    Arg("pages_per_row", "i32", "n"),
+    Arg("num_partitions", "i32", "NP (1 for the direct kernels)"),
+    Arg("sm_scale", "f32", "softmax scale"),
+)
+
+THREADS = BLOCK_THREADS["sparse_attention"]
 WAVES = 4
 VT_ROW = 72  # bytes per dim row of the V^T tile: 32 bf16 tokens + 8 bytes of padding
 WAVE_LDS = 128 * VT_ROW  # 9216 >= the 16 x 128 fp32 O tile the merge stores there
 STATS_LDS = WAVES * 16 * 2 * 4
 P_PRESCALE = 2.0**-12
 LOG2E = 1.4426950408889634
-FLT_MIN = 1.1754943508222875e-38
 
 
 def _setup(spec: Specialization, a) -> I.LaneContext:
@@ -297,34 +323,84 @@ def _body(spec: Specialization, a) -> None:
     _merge_waves(spec, a, c, lds, stats, state)
 
 
-class _Args:
-    def __init__(self, **kw) -> None:
-        self.__dict__.update(kw)
-
-
 def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of one sparse_attention specialization."""
     assert spec.op == "sparse_attention"
+    return jit_launcher(spec.symbol, ARGS, functools.partial(_body, spec), THREADS)
 
-    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
-    def kernel(q: fx.Pointer, k_pool: fx.Pointer, v_pool: fx.Pointer, page_table: fx.Pointer,
-               context_lens: fx.Pointer, out: fx.Pointer, out_aux: fx.Pointer,
-               num_rows: fx.Int32, num_kv_heads: fx.Int32, num_pages: fx.Int32,
-               pages_per_row: fx.Int32, num_partitions: fx.Int32, sm_scale: fx.Float32):
-        _body(spec, _Args(q=q, k_pool=k_pool, v_pool=v_pool, page_table=page_table,
-                          context_lens=context_lens, out=out, out_aux=out_aux, num_rows=num_rows,
-                          num_kv_heads=num_kv_heads, num_pages=num_pages,
-                          pages_per_row=pages_per_row, num_partitions=num_partitions,
-                          sm_scale=sm_scale))
 
-    @flyc.jit
-    def launch(q: fx.Pointer, k_pool: fx.Pointer, v_pool: fx.Pointer, page_table: fx.Pointer,
-               context_lens: fx.Pointer, out: fx.Pointer, out_aux: fx.Pointer,
-               num_rows: fx.Int32, num_kv_heads: fx.Int32, num_pages: fx.Int32,
-               pages_per_row: fx.Int32, num_partitions: fx.Int32, sm_scale: fx.Float32,
-               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        kernel(q, k_pool, v_pool, page_table, context_lens, out, out_aux, num_rows, num_kv_heads,
-               num_pages, pages_per_row, num_partitions, sm_scale).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+# --- lowering (available / covers / lower: jax_mxfp4.lowering.KernelModule) -----------------
 
-    return launch
+
+def _shape(call) -> tuple[int, int, int, int]:
+    """(rows R = T * Hkv, q heads per kv head G, pages per row n, kv heads Hkv)."""
+    q_aval, k_aval, _, pages_aval, _ = call.avals_in
+    kv_heads = k_aval.shape[1]
+    return (q_aval.shape[0] * kv_heads, q_aval.shape[1] // kv_heads, pages_aval.shape[-1],
+            kv_heads)
+
+
+def _specs(call) -> tuple[Specialization, Specialization | None, int]:
+    """(attention kernel, merge kernel or ``None``, partitions NP) of a call: the direct
+    kernel when ``plans.attention_splits`` gives one partition, else the split kernel (bf16
+    partials whatever the output) and the merge."""
+    rows, group, n, _ = _shape(call)
+    q, output = _launch.q_dtype(call.avals_in[0]), call.params["output"]
+    partitions = attention_splits(rows, n, call.target.units)
+    if partitions == 1:
+        return (Specialization("sparse_attention", q=q, group=group, output=output,
+                               path="direct"), None, 1)
+    return (Specialization("sparse_attention", q=q, group=group, output="bf16", path="split"),
+            Specialization("attention_merge", group=group, output=output), partitions)
+
+
+def available(target, config) -> str | None:
+    return _launch.available(target, config)
+
+
+def covers(call) -> str | None:
+    group = _shape(call)[1]
+    if group not in _launch.POWERS:
+        return f"the kernels are built for {_launch.POWERS} q heads per kv head, not {group}"
+    attention, merge, _ = _specs(call)
+    return (_launch.code_object_problem(attention, call.target.arch)
+            or (merge and _launch.code_object_problem(merge, call.target.arch)))
+
+
+def kernel_name(call) -> str:
+    attention, merge, partitions = _specs(call)
+    if merge is None:
+        return attention.symbol
+    return f"{attention.symbol}[{partitions} partitions]+{merge.symbol}"
+
+
+def lower(ctx, call, q, k_pool, v_pool, pages, context):
+    """The direct kernel, or the split kernel writing its partials as the results of its
+    custom call (``bf16[R, NP, G, 128]`` and ``f32[R, NP, G, 2]``: XLA allocates them like
+    any intermediate) and a second call (``attention_merge``) reducing them."""
+    rows, group, n, kv_heads = _shape(call)
+    attention, merge, partitions = _specs(call)
+    co = code_object(attention, arch=call.target.arch)
+    inputs = ("q", "k_pool", "v_pool", "page_table", "context_lens")
+    operands = [q, k_pool, v_pool, pages, context]
+    scalars = {"num_rows": rows, "num_kv_heads": kv_heads, "num_pages": call.avals_in[1].shape[0],
+               "pages_per_row": n, "num_partitions": partitions,
+               "sm_scale": call.params["sm_scale"]}
+    grid = _launch.empty_or(co.grid(num_rows=rows, num_partitions=partitions), rows)
+    if merge is None:
+        mxfp8 = call.params["output"] == "mxfp8"
+        launch = _launch.launch(co, grid, buffers=(*inputs, "out", "out_aux")[:6 + mxfp8],
+                                scalars=scalars, nulls=() if mxfp8 else ("out_aux",))
+        return launcher.emit(ctx, launch, operands, call.avals_in, call.avals_out)
+    part_avals = [ShapedArray((rows, partitions, group, 128), jnp.bfloat16),
+                  ShapedArray((rows, partitions, group, 2), jnp.float32)]
+    launch = _launch.launch(co, grid, buffers=(*inputs, "out", "out_aux"), scalars=scalars)
+    partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
+    merge_co = code_object(merge, arch=call.target.arch)
+    mxfp8 = call.params["output"] == "mxfp8"
+    merged = _launch.launch(
+        merge_co, _launch.empty_or(merge_co.grid(num_rows=rows), rows),
+        buffers=("partial_out", "partial_stats", "out", "out_aux")[:3 + mxfp8],
+        scalars={"num_rows": rows, "num_partitions": partitions},
+        nulls=() if mxfp8 else ("out_aux",))
+    return launcher.emit(ctx, merged, partials, part_avals, call.avals_out)

@@ -7,20 +7,35 @@ amax on the fp32 bit patterns (subnormals count), picks the e8m0 byte by the run
 ties to the even code, and stores 16 data bytes at ``page + offset*64 + 16*block`` and the
 scale byte at ``page + 8192 + offset*4 + block``. A slot outside ``[0, P*128)`` writes nothing.
 
-Kernarg layout: :data:`hip_kernels.abi.WRITE_CACHE_ARGS`. Grid: :func:`hip_kernels.abi.grid`.
+Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid`.
 """
 
-# No ``from __future__ import annotations``: FlyDSL reads the kernel annotations at runtime.
+from __future__ import annotations
 
-import flydsl.compiler as flyc
-import flydsl.expr as fx
+from jax.interpreters import mlir
 
-from hip_kernels import _ir as I
-from hip_kernels.abi import Specialization
+from jax_mxfp4.formats import PAGE_BYTES, ROUND_MODE_CODES
+from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.rows import last_writer_slots
 
-PAGE_BYTES = 8704
-SCALE_OFFSET = 8192
-THREADS = 256
+from . import _ir as I
+from . import _launch
+from ._signature import jit_launcher
+from .abi import BLOCK_THREADS, Arg, Specialization
+from .code_object import code_object
+
+ARGS = (
+    Arg("pool", "pointer", "u8[P, Hkv, 8704] pool, written in place (index pool: Hkv = 1)"),
+    Arg("x", "pointer", "bf16[T, Hkv, 128] rows to quantize"),
+    Arg("slots", "pointer", "s32[T] slot = page * 128 + offset; outside [0, P*128) is skipped"),
+    Arg("num_tokens", "i32", "T"),
+    Arg("num_pages", "i32", "P"),
+    Arg("num_heads", "i32", "Hkv"),
+    Arg("round_mode", "i32", "e8m0 rounding: 0 up, 1 even, 2 down (formats.ROUND_MODE_CODES)"),
+)
+
+THREADS = BLOCK_THREADS["write_cache"]
 # e2m1 magnitude boundaries and whether a value exactly on one rounds up (ties to even code).
 _STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
           (5.0, False))
@@ -82,7 +97,10 @@ def _quantize_block(x_ptr, elem_offset, mode):
     return packed, byte
 
 
-def _body(pool, x, slots, num_tokens, num_pages, num_heads, round_mode):
+def _body(a) -> None:
+    """One work-item per (token, head, block); ``a``: the kernel's arguments by name."""
+    pool, x, slots, num_tokens = a.pool, a.x, a.slots, a.num_tokens
+    num_pages, num_heads, round_mode = a.num_pages, a.num_heads, a.round_mode
     tid, bid = I.thread_id(), I.block_id()
     item = I.add(I.mul(bid, I.ci32(THREADS)), tid)
     block = I.band(item, I.ci32(3))
@@ -111,17 +129,38 @@ def _body(pool, x, slots, num_tokens, num_pages, num_heads, round_mode):
 def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of the write_cache kernel (one specialization)."""
     assert spec.op == "write_cache"
+    return jit_launcher(spec.symbol, ARGS, _body, THREADS)
 
-    @flyc.kernel(name=spec.symbol, known_block_size=[THREADS, 1, 1])
-    def kernel(pool: fx.Pointer, x: fx.Pointer, slots: fx.Pointer, num_tokens: fx.Int32,
-               num_pages: fx.Int32, num_heads: fx.Int32, round_mode: fx.Int32):
-        _body(pool, x, slots, num_tokens, num_pages, num_heads, round_mode)
 
-    @flyc.jit
-    def launch(pool: fx.Pointer, x: fx.Pointer, slots: fx.Pointer, num_tokens: fx.Int32,
-               num_pages: fx.Int32, num_heads: fx.Int32, round_mode: fx.Int32,
-               stream: fx.Stream = fx.Stream(None)):  # noqa: B008
-        kernel(pool, x, slots, num_tokens, num_pages, num_heads, round_mode).launch(
-            grid=(1, 1, 1), block=(THREADS, 1, 1), stream=stream)
+# --- lowering (available / covers / lower: jax_mxfp4.lowering.KernelModule) -----------------
 
-    return launch
+SPEC = Specialization("write_cache")
+
+
+def available(target, config) -> str | None:
+    return _launch.available(target, config) or _launch.code_object_problem(SPEC, target.arch)
+
+
+def covers(call) -> str | None:
+    return None  # every call: the round mode is a runtime argument
+
+
+def kernel_name(call) -> str:
+    return SPEC.symbol
+
+
+def lower(ctx, call, pool, x, slots):
+    """Slots a later row overwrites are dropped first (``rows.last_writer_slots``): the
+    kernel writes its rows in parallel, and the last writer must win (SPEC §15.14)."""
+    pool_aval, x_aval, slots_aval = call.avals_in
+    tokens = x_aval.shape[0]
+    heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1
+    sub = ctx.replace(avals_in=[slots_aval], avals_out=[slots_aval])
+    slots = mlir.lower_fun(lambda s: [last_writer_slots(s)])(sub, slots)[0]
+    co = code_object(SPEC, arch=call.target.arch)
+    launch = _launch.launch(
+        co, _launch.empty_or(co.grid(num_tokens=tokens, num_heads=heads), tokens, heads),
+        buffers=(None, "x", "slots", "pool"),  # the pool result, aliased to operand 0
+        scalars={"num_tokens": tokens, "num_pages": pool_aval.shape[0], "num_heads": heads,
+                 "round_mode": ROUND_MODE_CODES[call.params["round_mode"]]})
+    return launcher.emit(ctx, launch, [pool, x, slots], call.avals_in, call.avals_out, {0: 0})

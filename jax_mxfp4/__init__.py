@@ -19,7 +19,15 @@ from jax_mxfp4.api import (
     write_cache,
     write_kv_cache,
 )
-from jax_mxfp4.backend import backend_scope, get_backend, set_backend
+from jax_mxfp4.backend import (
+    backend_scope,
+    backends,
+    check_environment,
+    get_backend,
+    lowering_options,
+    set_backend,
+)
+from jax_mxfp4.explain import explain
 from jax_mxfp4.formats import (
     HEAD_DIM,
     PAGE_BYTES,
@@ -30,8 +38,10 @@ from jax_mxfp4.formats import (
     quantize_mxfp8,
 )
 from jax_mxfp4.pages import dequantize_pool, new_pool
-from jax_mxfp4.reference import SparseSelection
 from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
+from jax_mxfp4.selection import SparseSelection
+
+check_environment()  # an unknown JAX_MXFP4_BACKEND fails here, once every backend registered
 
 __version__ = "0.1.0"
 
@@ -41,12 +51,15 @@ __all__ = [
     "PAGE_TOKENS",
     "SparseSelection",
     "backend_scope",
+    "backends",
     "decode_rows",
     "dequantize_mxfp4",
     "dequantize_mxfp8",
     "dequantize_pool",
+    "explain",
     "get_backend",
     "index_scores",
+    "lowering_options",
     "new_pool",
     "prefill_rows",
     "quantize_mxfp4",

@@ -48,7 +48,7 @@ def _bench(subparsers) -> None:
 
 
 def _build(subparsers) -> None:
-    from hip_kernels import build
+    from jax_mxfp4.hip_kernels import build
 
     parser = subparsers.add_parser(
         "build", help="compile every gfx950 FlyDSL kernel (no GPU needed) and print the manifest",

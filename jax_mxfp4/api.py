@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jax_mxfp4 import primitives, validate
-from jax_mxfp4.reference import SparseSelection
+from jax_mxfp4.selection import SparseSelection
 
 
 def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:

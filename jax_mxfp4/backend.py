@@ -1,42 +1,161 @@
-"""Which implementation each operation lowers to.
+"""Which implementation each operation lowers to, and every switch that changes a lowering.
 
-``"auto"`` (default): each platform's kernels where they exist, the reference lowering
-elsewhere. ``"reference"``: the plain-XLA reference lowering everywhere, for debugging and
-comparison. The environment variable ``JAX_MXFP4_BACKEND`` sets the initial choice.
+A *backend* says, for each JAX platform a computation is lowered for, which kernels to use:
 
-The choice is a JAX configuration state that is part of the trace context, so changing it
-retraces jitted functions on their next call instead of reusing a trace made under the other
-choice; ``with backend_scope("reference"): ...`` sets it for a block of code (thread-local).
+* ``"auto"`` (default): each platform's own kernels (C++ handlers on the CPU, Triton on CUDA,
+  FlyDSL then Triton on ROCm gfx950, Triton on other ROCm archs);
+* ``"reference"``: the plain-XLA reference lowering everywhere (slow; for debugging and
+  comparison; it never runs unless asked for);
+* backends registered by other modules with :func:`register_backend` (the emulated gfx950 and
+  gfx942 backends run the ROCm lowering on the CPU).
+
+The choice and the lowering options below are JAX configuration states that are part of both
+the trace context and jit's cache key: changing one (globally, or for a block of code with
+:func:`backend_scope` / :func:`lowering_options`) retraces and recompiles a jitted function on
+its next call instead of reusing an executable made under the other choice. Each has an
+environment variable as its default:
+
+=============================  =========================  ==========================================
+state                          environment variable       meaning
+=============================  =========================  ==========================================
+``jax_mxfp4_backend``          ``JAX_MXFP4_BACKEND``      backend name (above)
+``jax_mxfp4_gpu_fp8_dot``      ``JAX_MXFP4_GPU_FP8_DOT``  Triton QK dots on e4m3 operands (opt-in)
+``jax_mxfp4_gfx950_kernels``   ``JAX_MXFP4_GFX950_KERNELS``  ``"flydsl"`` or ``"triton"`` on gfx950
+``jax_mxfp4_gpu_arch``         ``JAX_MXFP4_GPU_ARCH``     lower for this GPU arch (``90``,
+                                                          ``gfx942``, ``gfx950``) instead of the
+                                                          device's: lowering without that GPU
+``jax_mxfp4_gpu_units``        ``JAX_MXFP4_GPU_UNITS``    SM/CU count the launch plans assume
+=============================  =========================  ==========================================
+
+Each operation's primitive is bound with a :class:`LoweringConfig` snapshot of these states
+(its ``config`` parameter), so a jaxpr records what it was traced under.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 
-from jax._src import config as _config
+from jax._src import config as _jax_config
 
-BACKENDS = ("auto", "reference")
+AUTO, REFERENCE = "auto", "reference"
+GFX950_KERNEL_CHOICES = ("flydsl", "triton")
 
-_initial = os.environ.get("JAX_MXFP4_BACKEND", "auto")
-if _initial not in BACKENDS:
-    raise ValueError(f"JAX_MXFP4_BACKEND must be one of {BACKENDS}, got {_initial!r}")
 
-_backend_state = _config.enum_state(
-    "jax_mxfp4_backend",
-    BACKENDS,
-    _initial,
-    help="jax_mxfp4: 'auto' (platform kernels) or 'reference' (plain jax.numpy lowering).",
-    include_in_trace_context=True,
-)
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A named choice of kernels per platform.
+
+    ``target(platform, ctx, config)`` returns the :class:`jax_mxfp4.targets.Target` the
+    operations lower to on JAX platform ``platform`` (``"cpu"``, ``"cuda"``, ``"rocm"``), or
+    raises ``NotImplementedError`` saying why this backend cannot lower there. ``None`` (the
+    reference backend): every operation takes the reference lowering.
+    """
+
+    name: str
+    help: str
+    target: Callable | None
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend) -> None:
+    """Make ``backend`` choosable by name (``set_backend``, ``JAX_MXFP4_BACKEND``...)."""
+    _BACKENDS[backend.name] = backend
+
+
+def backends() -> tuple[str, ...]:
+    """Names of every registered backend."""
+    return tuple(_BACKENDS)
+
+
+def backend(name: str) -> Backend:
+    """The registered backend ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend must be one of {backends()}, got {name!r}") from None
+
+
+def _native_target(platform: str, ctx, config):
+    from jax_mxfp4.targets import native  # targets imports this module
+
+    return native(platform, ctx, config)
+
+
+register_backend(Backend(AUTO, "each platform's own kernels", _native_target))
+register_backend(Backend(REFERENCE, "the plain jax.numpy lowering everywhere", None))
+
+
+def _string_state(name: str, default: str | None, help: str,
+                  check: Callable[[object], bool], expected: str):
+    """A string-valued state (its environment variable is ``name.upper()``) in the trace
+    context and jit's cache key; values failing ``check`` raise ``ValueError``."""
+    def validator(value) -> None:
+        if not check(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+    return _jax_config.string_or_object_state(
+        name, default, help, validator=validator, include_in_jit_key=True,
+        include_in_trace_context=True)
+
+
+def _is_optional_str(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+# The backend name is checked against the registry where it is used (set_backend, lowering,
+# and once at import of jax_mxfp4): backends register after this state exists.
+_backend_state = _string_state(
+    "jax_mxfp4_backend", AUTO, "jax_mxfp4: which kernels each operation lowers to.",
+    lambda v: isinstance(v, str), "a backend name")
+_fp8_dot_state = _jax_config.bool_state(
+    "jax_mxfp4_gpu_fp8_dot", False,
+    help="jax_mxfp4: Triton QK dots on e4m3 operands (Hopper's fp8 tensor cores accumulate "
+    "with reduced precision, hence opt-in) instead of fp16.",
+    include_in_jit_key=True, include_in_trace_context=True)
+_gfx950_kernels_state = _string_state(
+    "jax_mxfp4_gfx950_kernels", "flydsl",
+    "jax_mxfp4: on gfx950, the FlyDSL kernels where they cover a call, or the Triton ones.",
+    lambda v: v in GFX950_KERNEL_CHOICES, f"one of {GFX950_KERNEL_CHOICES}")
+_gpu_arch_state = _string_state(
+    "jax_mxfp4_gpu_arch", None,
+    "jax_mxfp4: GPU arch to lower for (e.g. 90, gfx942, gfx950) instead of the device's.",
+    _is_optional_str, "an arch name such as '90' or 'gfx950'")
+_gpu_units_state = _string_state(
+    "jax_mxfp4_gpu_units", None, "jax_mxfp4: SM/CU count that launch plans assume.",
+    lambda v: v is None or (isinstance(v, str) and v.isdigit() and int(v) > 0),
+    "a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringConfig:
+    """A snapshot of every lowering switch, taken when an operation is bound."""
+
+    backend: str = AUTO
+    fp8_dots: bool = False
+    gfx950_kernels: str = "flydsl"
+    gpu_arch: str | None = None
+    gpu_units: int | None = None
+
+
+def current_config() -> LoweringConfig:
+    """The lowering switches in effect in this thread now."""
+    units = _gpu_units_state.value
+    return LoweringConfig(
+        backend=_backend_state.value, fp8_dots=bool(_fp8_dot_state.value),
+        gfx950_kernels=_gfx950_kernels_state.value,
+        gpu_arch=None if _gpu_arch_state.value in (None, "") else str(_gpu_arch_state.value),
+        gpu_units=None if units in (None, "") else int(units),
+    )
 
 
 def set_backend(name: str) -> None:
-    """Choose ``"auto"`` or ``"reference"`` for every operation traced from now on."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    _config.config.update("jax_mxfp4_backend", name)
+    """Choose backend ``name`` for every operation traced from now on (all threads)."""
+    backend(name)
+    _jax_config.config.update("jax_mxfp4_backend", name)
 
 
 def get_backend() -> str:
@@ -46,7 +165,48 @@ def get_backend() -> str:
 @contextlib.contextmanager
 def backend_scope(name: str) -> Iterator[None]:
     """Use backend ``name`` inside the ``with`` block (this thread only)."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    backend(name)
     with _backend_state(name):
         yield
+
+
+@contextlib.contextmanager
+def lowering_options(*, fp8_dots: bool | None = None, gfx950_kernels: str | None = None,
+                     gpu_arch: str | int | None = None,
+                     gpu_units: int | None = None) -> Iterator[None]:
+    """Set lowering switches inside the ``with`` block (this thread only); ``None`` leaves a
+    switch as it is. See the module docstring for what each one does."""
+    with contextlib.ExitStack() as stack:
+        if fp8_dots is not None:
+            stack.enter_context(_fp8_dot_state(bool(fp8_dots)))
+        if gfx950_kernels is not None:
+            stack.enter_context(_gfx950_kernels_state(gfx950_kernels))
+        if gpu_arch is not None:
+            stack.enter_context(_gpu_arch_state(str(gpu_arch)))
+        if gpu_units is not None:
+            stack.enter_context(_gpu_units_state(str(int(gpu_units))))
+        yield
+
+
+def check_environment() -> None:
+    """Refuse an unknown ``JAX_MXFP4_BACKEND`` at import (after every backend registered)."""
+    name = _backend_state.value
+    if name not in _BACKENDS:
+        raise ValueError(f"JAX_MXFP4_BACKEND must be one of {backends()}, got {name!r}")
+
+
+__all__ = [
+    "AUTO",
+    "REFERENCE",
+    "Backend",
+    "LoweringConfig",
+    "backend",
+    "backend_scope",
+    "backends",
+    "check_environment",
+    "current_config",
+    "get_backend",
+    "lowering_options",
+    "register_backend",
+    "set_backend",
+]

@@ -25,8 +25,11 @@ Operand order, attributes and results of each target (shapes use ``T`` rows, ``H
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import jax
+
+from jax_mxfp4 import formats
 
 WRITE_CACHE = "jax_mxfp4_write_cache"
 INDEX_SCORES = "jax_mxfp4_index_scores"
@@ -42,25 +45,49 @@ CPU_TARGETS: tuple[str, ...] = (
     SPARSE_ATTENTION_MXFP8,
 )
 
-ROUND_MODE_CODES = {"up": 0, "even": 1, "down": 2}
+ROUND_MODE_CODES = formats.ROUND_MODE_CODES
 """The ``round_mode`` attribute of ``WRITE_CACHE`` for each ``formats.ROUND_MODES`` name."""
 
 
-@functools.cache
-def register_cpu_targets() -> frozenset[str]:
-    """Register every CPU handler of the extension module; return the registered names.
+REINSTALL_HINT = (
+    "reinstall jax_mxfp4 so that its C++ extension is built (`pip install .` or `make "
+    "install` in a checkout)"
+)
 
-    Idempotent (the work happens once per process). Empty when the extension is not built
-    (a source checkout that was never installed).
-    """
+
+@functools.cache
+def _load_cpu_handlers() -> tuple[frozenset[str], str | None]:
+    """(registered target names, problem): the problem says which file could not be loaded,
+    why, and the fix; ``None`` when every handler registered."""
     try:
         from jax_mxfp4 import _ffi_cpu
-    except ImportError:
-        return frozenset()
+    except ImportError as error:
+        folder = Path(__file__).parent
+        return frozenset(), (
+            f"the C++ CPU handlers (jax_mxfp4/_ffi_cpu*.so in {folder}) could not be loaded: "
+            f"{error}; {REINSTALL_HINT}"
+        )
     table = _ffi_cpu.registrations()
     for name, capsule in table.items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    return frozenset(table)
+    missing = sorted(set(CPU_TARGETS) - set(table))
+    problem = None
+    if missing:
+        problem = (f"the C++ extension {_ffi_cpu.__file__} lacks handlers {missing}; "
+                   f"{REINSTALL_HINT}")
+    return frozenset(table), problem
+
+
+def register_cpu_targets() -> frozenset[str]:
+    """Register every CPU handler of the extension module once per process; the names
+    registered (empty when the extension cannot be loaded: :func:`cpu_handlers_problem`
+    says why)."""
+    return _load_cpu_handlers()[0]
+
+
+def cpu_handlers_problem() -> str | None:
+    """Why the CPU handlers are unusable (the file, the error, the fix), or ``None``."""
+    return _load_cpu_handlers()[1]
 
 
 __all__ = [
@@ -71,5 +98,6 @@ __all__ = [
     "SPARSE_ATTENTION",
     "SPARSE_ATTENTION_MXFP8",
     "WRITE_CACHE",
+    "cpu_handlers_problem",
     "register_cpu_targets",
 ]

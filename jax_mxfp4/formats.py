@@ -46,6 +46,8 @@ E2M1_VALUES = np.array(
 
 RoundMode = Literal["up", "even", "down"]
 ROUND_MODES: tuple[str, ...] = ("up", "even", "down")
+ROUND_MODE_CODES = {"up": 0, "even": 1, "down": 2}
+"""How every kernel (C++ handlers, Triton, FlyDSL) receives ``round_mode``: an int32 code."""
 
 # Largest |x| (in units of the block scale) that rounds to each e2m1 magnitude code, and whether
 # a value exactly on the boundary rounds up: ties go to the even code (SPEC §1.4).

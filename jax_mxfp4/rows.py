@@ -98,3 +98,15 @@ def slot_mapping(block_table, positions, requests) -> jnp.ndarray:
     pages = table[jnp.clip(req, 0, num_requests - 1), jnp.clip(blocks, 0, width - 1)]
     ok = ok & (pages >= 0)
     return jnp.where(ok, pages.astype(jnp.int32) * PAGE_TOKENS + pos % PAGE_TOKENS, -1)
+
+
+def last_writer_slots(slots: jnp.ndarray) -> jnp.ndarray:
+    """``slots`` (int32 ``[T]``) with every row that a later row overwrites set to -1, so
+    that writing the rows in any order keeps the last writer of each slot (SPEC §15.14).
+    O(T log T): a stable sort puts each slot's rows in row order, and the last of each run
+    is kept."""
+    order = jnp.argsort(slots, stable=True)
+    ordered = slots[order]
+    last = jnp.append(ordered[1:] != ordered[:-1], True)
+    keep = jnp.zeros(slots.shape, jnp.bool_).at[order].set(last)
+    return jnp.where(keep, slots, -1)

@@ -22,7 +22,7 @@ import triton.language as tl
 from conftest import SM_SCALE, decode_index_case
 
 from jax_mxfp4.gpu.kernels import index_scores, mxfp4
-from jax_mxfp4.reference._common import folded_score_scale
+from jax_mxfp4.scaling import folded_score_scale
 
 
 @triton.jit

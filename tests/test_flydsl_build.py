@@ -13,10 +13,9 @@ import json
 import re
 
 import pytest
-
-from hip_kernels import abi, toolchain
-from hip_kernels.code_object import LDS_LIMIT, code_object
-from hip_kernels.metadata import kernel_info, waves_per_simd
+from jax_mxfp4.hip_kernels import abi, toolchain
+from jax_mxfp4.hip_kernels.code_object import LDS_LIMIT, code_object
+from jax_mxfp4.hip_kernels.metadata import kernel_info, waves_per_simd
 
 SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 
@@ -75,7 +74,7 @@ def test_lds_within_the_gfx950_limit(built):
 
 def test_kernarg_layout_matches_what_the_launcher_packs(built):
     for co in built[1].values():
-        slots, size = abi.kernarg_layout(abi.ARGS[co.spec.op])
+        slots, size = abi.kernarg_layout(abi.args(co.spec.op))
         assert co.info.args == tuple((s.offset, s.size, s.value_kind) for s in slots), co.symbol
         assert co.info.kernarg_size == size, co.symbol
         assert co.info.max_workgroup_size == co.block[0], co.symbol

@@ -69,21 +69,16 @@ def _cases():
 
 @pytest.mark.parametrize("platform", ["cuda", "rocm"])
 @pytest.mark.parametrize("name", list(_cases()))
-def test_exports_for_gpu_through_the_launcher(monkeypatch, platform, name):
+def test_exports_for_gpu_through_the_launcher(platform, name):
     arch, _ = TARGETS[platform]
-    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", arch)
-    from jax_mxfp4.gpu import lowering
-
-    lowering.target_for.cache_clear()
-    monkeypatch.setattr(lowering, "available", lambda: True)
     fn, args = _cases()[name]
     checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
-    exp = jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*args)
+    with jm.lowering_options(gpu_arch=arch):
+        exp = jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=checks)(*args)
     text = exp.mlir_module()
     calls = re.findall(r'stablehlo.custom_call @' + launch.TARGET, text)
     assert calls, text[:2000]
     assert "symbol" in text and "param_kinds" in text
-    lowering.target_for.cache_clear()
 
 
 def test_param_count_is_read_from_the_code_object():
@@ -118,7 +113,7 @@ def test_param_count_is_read_from_the_code_object():
 def test_last_writer_slots_keep_only_each_slots_last_row():
     """The sort-based last-writer rule of large writes against a plain loop. (Mutation:
     keeping the first of each run instead of the last fails here.)"""
-    from jax_mxfp4.gpu.lowering import last_writer_slots
+    from jax_mxfp4.rows import last_writer_slots
 
     rng = np.random.default_rng(0)
     for rows, span in ((1, 4), (50, 10), (3000, 500), (3000, 5000)):
@@ -133,15 +128,11 @@ def test_last_writer_slots_keep_only_each_slots_last_row():
         np.testing.assert_array_equal(got, expected)
 
 
-def _sass_stats(monkeypatch):
-    """bench/sass_stats.py, with the lowering targeting sm_90 (undone by monkeypatch)."""
+def _sass_stats():
+    """bench/sass_stats.py (its lowering targets sm_90)."""
     import importlib.util
     from pathlib import Path
 
-    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", "90")
-    from jax_mxfp4.gpu import lowering
-
-    lowering.target_for.cache_clear()
     path = Path(__file__).parents[1] / "bench" / "sass_stats.py"
     spec = importlib.util.spec_from_file_location("sass_stats", path)
     sass_stats = importlib.util.module_from_spec(spec)
@@ -149,13 +140,11 @@ def _sass_stats(monkeypatch):
     return sass_stats
 
 
-def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
+def test_one_row_index_tiles_skip_the_tensor_cores():
     """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
     (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs.
     (Mutation: a plan that never picks one-row tiles fails here.)"""
-    from jax_mxfp4.gpu import lowering
-
-    sass_stats = _sass_stats(monkeypatch)
+    sass_stats = _sass_stats()
     mix = {}
     for per_request in (1, 4):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
@@ -164,14 +153,12 @@ def test_one_row_index_tiles_skip_the_tensor_cores(monkeypatch):
         mix[per_request] = ops
     assert mix[1]["FFMA"] >= 100 and not any("MMA" in op for op in mix[1])
     assert any("MMA" in op for op in mix[4])
-    lowering.target_for.cache_clear()
 
 
-def test_prefill_index_tiles_fold_the_keys_without_spilling(monkeypatch):
+def test_prefill_index_tiles_fold_the_keys_without_spilling():
     """Prefill tiles (64 and 128 dot rows) take folded keys, one K = 128 dot per block: the
     sm_90 code has warpgroup MMAs and no local memory (four rescaled group dots spilled at 128
     rows). Decode tiles keep the group dots, and so do e4m3 dots (not foldable)."""
-    from jax_mxfp4.gpu import lowering
     from jax_mxfp4.gpu.kernels import index_scores
 
     tiles = {
@@ -183,10 +170,9 @@ def test_prefill_index_tiles_fold_the_keys_without_spilling(monkeypatch):
     assert {name: (tile.fold, tile.m) for name, tile in tiles.items()} == {
         "prefill": (True, 128), "prefill64": (True, 64), "e4m3 dots": (False, 64),
         "decode": (False, 16)}
-    sass_stats = _sass_stats(monkeypatch)
+    sass_stats = _sass_stats()
     for rows, per_request in ((4096, 4096), (256, 64)):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(rows, per_request, 16))
         resources, ops = sass_stats.profile(kernel)
         assert int(resources.get("STACK", 0)) == 0 and int(resources.get("LOCAL", 0)) == 0
         assert ops["HGMMA"] > 0 and not any(op.startswith("LDL") for op in ops), ops
-    lowering.target_for.cache_clear()

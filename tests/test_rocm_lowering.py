@@ -1,12 +1,13 @@
 """The ROCm lowering picks the gfx950 FlyDSL kernels, on a machine without a GPU (CI).
 
-Every case is lowered for ROCm (``lower(lowering_platforms=("rocm",))``) with
-``JAX_MXFP4_ROCM_ARCH=gfx950`` and the code objects of the session's FlyDSL build (``built``,
-shared with test_flydsl_build.py, used as ``JAX_MXFP4_KERNEL_DIR``): each launcher custom call
+Every case is lowered for ROCm (``lower(lowering_platforms=("rocm",))``) under
+``jm.lowering_options(gpu_arch="gfx950")`` with the code objects of the session's FlyDSL
+build (``built``, shared with test_flydsl_build.py, used as ``JAX_MXFP4_KERNEL_DIR``): each
+launcher custom call
 must carry the FlyDSL code object (symbol, bytes, content hash), a block and grid from
 ``hip_kernels.abi`` and parameters in the kernarg layout's order. With
-``JAX_MXFP4_GFX950_KERNELS=triton``, on gfx942, and for calls no FlyDSL kernel covers, the
-Triton kernels are lowered instead.
+``gfx950_kernels="triton"``, on gfx942, and for calls no FlyDSL kernel covers, the Triton
+kernels are lowered instead, and ``jm.explain`` says so.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from conftest import SM_SCALE
 
 pytest.importorskip("triton")
 
+from jax_mxfp4.hip_kernels import abi
+
 import jax_mxfp4 as jm
-from hip_kernels import abi
 from jax_mxfp4.gpu import launch as L
-from jax_mxfp4.gpu import lowering
-from jax_mxfp4.reference._common import folded_score_scale
+from jax_mxfp4.scaling import folded_score_scale
 
 KIND = {"pointer": (L.BUFFER, L.NULL), "i32": (L.I32,), "f32": (L.F32,), "i64": (L.I64,)}
 
@@ -76,11 +77,11 @@ def _cases():
               {"num_rows": 2, "num_partitions": 8})],
         ),
         "attention_direct_mxfp8": (
-            attention(output="mxfp8"), (e4m3(512, 16, 128), KV, KV, i32(512, 1, 16),
-                                         i32(512, 1)),
+            attention(output="mxfp8"), (e4m3(2048, 16, 128), KV, KV, i32(2048, 1, 16),
+                                         i32(2048, 1)),
             [("jax_mxfp4_sparse_attention_qe4m3_g16_mxfp8_direct",
-              {"num_rows": 512, "num_partitions": 1},
-              {"num_rows": 512, "num_partitions": 1, "pages_per_row": 16})],
+              {"num_rows": 2048, "num_partitions": 1},
+              {"num_rows": 2048, "num_partitions": 1, "pages_per_row": 16})],
         ),
     }
 
@@ -110,16 +111,10 @@ def lower_for_rocm(fn, args) -> str:
 
 @pytest.fixture
 def rocm(monkeypatch, built):
-    """Lowering for ROCm gfx950 with the session's prebuilt FlyDSL code objects."""
+    """Lowering for ROCm gfx950 (256 CUs) with the session's prebuilt FlyDSL code objects."""
     monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(built[0]))
-    monkeypatch.setenv("JAX_MXFP4_ROCM_ARCH", "gfx950")
-    monkeypatch.delenv("JAX_MXFP4_GPU_ARCH", raising=False)
-    monkeypatch.delenv("JAX_MXFP4_GFX950_KERNELS", raising=False)
-    monkeypatch.setenv("JAX_MXFP4_GPU_UNITS", "256")
-    monkeypatch.setattr(lowering, "available", lambda: True)
-    lowering.target_for.cache_clear()
-    yield monkeypatch
-    lowering.target_for.cache_clear()
+    with jm.lowering_options(gpu_arch="gfx950", gpu_units=256):
+        yield
 
 
 @pytest.mark.parametrize("name", list(_cases()))
@@ -137,8 +132,8 @@ def test_gfx950_lowers_to_the_flydsl_code_objects(rocm, built, name):
         assert re.search(r"shared_mem = 0 : i64", attrs)
         kinds, values = _dense(attrs, "param_kinds"), _dense(attrs, "param_values")
         layout = co.kernarg_layout
-        assert len(kinds) == len(values) == len(layout) == len(abi.ARGS[co.spec.op])
-        assert [s.name for s in layout] == [a.name for a in abi.ARGS[co.spec.op]]
+        assert len(kinds) == len(values) == len(layout) == len(abi.args(co.spec.op))
+        assert [s.name for s in layout] == [a.name for a in abi.args(co.spec.op)]
         got = {}
         for slot, kind, value in zip(layout, kinds, values, strict=True):
             assert kind in KIND[slot.kind], (symbol, slot)
@@ -172,32 +167,33 @@ def _symbols(text: str) -> list[str]:
 
 def test_triton_on_request_on_other_archs_and_where_flydsl_does_not_cover(rocm):
     fn, args, _ = _cases()["index_decode"]
-    rocm.setenv("JAX_MXFP4_GPU_ARCH", "gfx942")  # Triton's target: test_gpu_compile's kernels
-    rocm.delenv("JAX_MXFP4_GPU_UNITS")
-    lowering.target_for.cache_clear()
-    rocm.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
-    assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
-    rocm.delenv("JAX_MXFP4_GFX950_KERNELS")
-    rocm.setenv("JAX_MXFP4_ROCM_ARCH", "gfx942")
-    assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
-    rocm.setenv("JAX_MXFP4_ROCM_ARCH", "gfx950")
+    with jm.lowering_options(gfx950_kernels="triton", gpu_arch="gfx942"):
+        assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
+    with jm.lowering_options(gpu_arch="gfx942"):  # Triton's target: test_gpu_compile's kernels
+        assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
     no_round = lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE,  # noqa: E731
                                           q_round="none")
     assert _symbols(lower_for_rocm(no_round, args)) == ["index_scores_kernel"]
     assert _symbols(lower_for_rocm(fn, args)) == ["jax_mxfp4_index_scores_qbf16_h1_decode"]
 
 
-def test_implementation_reports_flydsl_on_gfx950(rocm):
-    from jax_mxfp4.info import describe
-    from jax_mxfp4.primitives._operation import OPERATIONS, implementation
-
-    impls = {op.name: implementation(op, "rocm", "auto") for op in OPERATIONS
-             if op.gpu_lowering is not None}
-    assert impls["mxfp4_index_scores"] == "flydsl:index_scores"
-    assert impls["mxfp4_select_blocks"] == "triton:select_blocks_kernel"
-    assert describe(impls["mxfp4_write_cache"]) == \
-        "FlyDSL kernel (write_cache) via the GPU launcher"
-    assert implementation(OPERATIONS[0], "cuda", "auto").startswith(("triton:", "reference"))
-    rocm.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
-    assert implementation(next(op for op in OPERATIONS if op.name == "mxfp4_write_cache"),
-                          "rocm", "auto") == "triton:write_cache_kernel"
+def test_explain_reports_what_lowers_on_gfx950(rocm):
+    """``jm.explain`` asks the lowering rule's question: FlyDSL where a kernel covers the
+    call, Triton where none does, each skipped lowering with its reason; it agrees with the
+    symbols the lowering emits."""
+    fn, args, _ = _cases()["index_decode"]
+    (entry,) = jm.explain(fn, *args, platform="rocm")
+    assert entry.lowering == "flydsl:jax_mxfp4_index_scores_qbf16_h1_decode"
+    assert entry.skipped == () and entry.target == "rocm gfx950"
+    no_round = lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=SM_SCALE,  # noqa: E731
+                                          q_round="none")
+    (entry,) = jm.explain(no_round, *args, platform="rocm")
+    assert entry.lowering.startswith("triton:index_scores_kernel")
+    assert entry.skipped[0][0] == "flydsl:index_scores" and "q_round" in entry.skipped[0][1]
+    split_fn, split_args, expected = _cases()["attention_split"]
+    (entry,) = jm.explain(split_fn, *split_args, platform="rocm")
+    assert entry.lowering == (f"flydsl:{expected[0][0]}[8 partitions]+{expected[1][0]}")
+    assert _symbols(lower_for_rocm(split_fn, split_args)) == [e[0] for e in expected]
+    with jm.lowering_options(gfx950_kernels="triton"):
+        (entry,) = jm.explain(fn, *args, platform="rocm")
+        assert entry.lowering.startswith("triton:") and "Triton" in entry.skipped[0][1]

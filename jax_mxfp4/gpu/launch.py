@@ -101,15 +101,15 @@ def with_scratch(params: Sequence[Param]) -> tuple[Param, ...]:
 
 
 @functools.cache
-def register_gpu_targets() -> frozenset[str]:
-    """Register the launcher for the GPU platforms; the platform names registered.
-
-    Empty when the extension is not built. Registering opens no GPU library.
-    """
+def _load_launcher() -> tuple[frozenset[str], str | None]:
+    """(platforms registered, problem): the problem names the file, the error and the fix."""
     try:
         from jax_mxfp4 import _ffi_gpu
-    except ImportError:
-        return frozenset()
+    except ImportError as error:
+        return frozenset(), (
+            f"the GPU launcher (jax_mxfp4/_ffi_gpu*.so) could not be loaded: {error}; "
+            f"reinstall jax_mxfp4 so that its C++ extension is built"
+        )
     from jaxlib.xla_client import CustomCallTargetTraits
 
     done = set()
@@ -119,7 +119,25 @@ def register_gpu_targets() -> frozenset[str]:
             traits=CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE,
         )
         done.add(platform)
-    return frozenset(done)
+    return frozenset(done), None
+
+
+def register_gpu_targets() -> frozenset[str]:
+    """Register the launcher for the GPU platforms once per process; the platform names
+    registered (empty when the extension cannot be loaded). Registering opens no GPU
+    library."""
+    return _load_launcher()[0]
+
+
+def problem(target) -> str | None:
+    """Why the launcher cannot carry ``target``'s kernels (a ``jax_mxfp4.targets.Target``),
+    or ``None``."""
+    if target.emulated:
+        return "the CDNA emulator is not part of this build"
+    why = _load_launcher()[1]
+    if why is None and target.platform.upper() not in register_gpu_targets():
+        why = f"the GPU launcher is not registered for platform {target.platform}"
+    return why
 
 
 def cache_stats() -> dict[str, int]:
@@ -156,6 +174,7 @@ __all__ = [
     "i32",
     "i64",
     "null",
+    "problem",
     "register_gpu_targets",
     "with_scratch",
 ]

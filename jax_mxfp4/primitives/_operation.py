@@ -7,13 +7,17 @@ Each operation is two primitives:
   kernel's own rows / requests / pages; it lowers through ``custom_partitioning`` so that a
   sharded call runs per shard, following a Shardy sharding rule (``_sharding``: global ids,
   made local per shard, so that data-parallel shards need no communication);
-* the **kernel primitive** (``mxfp4_index_scores_kernel``), bound per shard on local shapes:
-  it lowers to the platform's kernel (the C++ FFI handler on the CPU) or to the reference
-  ``jax.numpy`` implementation (other platforms until their kernels land, and everywhere under
-  ``set_backend("reference")``).
+* the **kernel primitive** (``mxfp4_index_scores_kernel``), bound per shard on local shapes.
+  Its lowering rule resolves the backend's :class:`~jax_mxfp4.targets.Target` for the platform
+  being lowered and takes the first of the operation's :class:`~jax_mxfp4.lowering.Lowering`
+  objects that covers the call (``jax_mxfp4.lowering.choose``); under
+  ``backend="reference"`` it lowers the reference ``jax.numpy`` implementation instead.
 
-Static options travel as one hashable, sorted tuple of ``(name, value)`` pairs, so that
-``custom_partitioning`` can take them as a single static argument.
+Both primitives carry the operation's static options and ``config``, the
+:class:`~jax_mxfp4.backend.LoweringConfig` the call was bound under (optional when binding by
+hand: the current one is taken). Static options travel as one hashable, sorted tuple of
+``(name, value)`` pairs, so that ``custom_partitioning`` can take them as a single static
+argument.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-import jax
 from jax._src import dispatch
 from jax._src.sharding_impls import GSPMDSharding, SPMDAxisContext
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -31,8 +34,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding
 
-from jax_mxfp4.ffi_targets import register_cpu_targets
+from jax_mxfp4 import backend as backends
+from jax_mxfp4.backend import LoweringConfig, current_config
+from jax_mxfp4.lowering import Call, Choice, Lowering, NoLoweringError, choose, no_lowering_message
 from jax_mxfp4.primitives._sharding import ShardingRule, plan, shift_ids
+from jax_mxfp4.targets import PLATFORMS, Target
 
 Params = tuple[tuple[str, Any], ...]
 
@@ -46,85 +52,69 @@ class Operation:
     """An operation's definition; :func:`define` turns it into its two primitives."""
 
     name: str
-    abstract_eval: Callable  # (*avals, **params) -> aval | list of avals
+    abstract_eval: Callable  # (*avals, **options) -> aval | list of avals
     batching_rule: Callable  # (bind, args, dims, **params) -> (outs, out_dims)
-    reference: Callable  # (*arrays, **params) -> array | tuple of arrays
-    cpu_target: str | None  # FFI target name on the CPU
-    cpu_attributes: Callable[..., dict]  # (**params) -> FFI attributes
+    reference: Callable  # (*arrays, **options) -> array | tuple of arrays
     sharding: Callable[[Sequence[tuple[int, ...]]], ShardingRule]  # operand shapes -> rule
+    lowerings: tuple[Lowering, ...]  # tried in order; the first covering a call lowers it
     multiple_results: bool = False
-    aliases: dict[int, int] | None = None  # operand -> result buffer aliasing
-    # GPU lowering (CUDA, ROCm): (ctx, *args, **params) -> results; Triton kernels launched
-    # through the generic launcher (jax_mxfp4.gpu.lowering). None: the reference lowering.
-    gpu_lowering: Callable | None = None
-    gpu_kernel: str | None = None  # the Triton kernel's name, for `implementation`
 
 
 OPERATIONS: list[Operation] = []
 """Every operation :func:`define` has made, in definition order."""
+OPERATION_OF_PRIMITIVE: dict[Primitive, Operation] = {}
+"""The operation behind each operation primitive (what ``explain`` finds in a jaxpr)."""
 
 
-def implementation(op: Operation, platform: str, backend: str) -> str:
-    """What ``op`` lowers to on ``platform``: ``"ffi:<target>"``, ``"triton:<kernel>"``,
-    ``"flydsl:<kernel>"`` (ROCm gfx950, calls a FlyDSL kernel covers) or ``"reference"``."""
-    if backend != "reference" and platform == "cpu" and op.cpu_target is not None:
-        if op.cpu_target in register_cpu_targets():
-            return f"ffi:{op.cpu_target}"
-    gpu = platform in GPU_PLATFORMS or platform == "gpu"  # jax.Device.platform says "gpu"
-    if backend != "reference" and gpu and op.gpu_lowering is not None:
-        from jax_mxfp4.gpu.lowering import available
-
-        if available():
-            if platform in ("rocm", "gpu"):
-                from jax_mxfp4.gpu import flydsl_lowering as F
-
-                name = F.kernel_name(op.gpu_lowering.__name__)
-                if name is not None and F.enabled():
-                    return f"flydsl:{name}"
-            return f"triton:{op.gpu_kernel}"
-    return "reference"
+def split_config(params: dict) -> tuple[LoweringConfig, dict]:
+    """The call's lowering config (the current one if it was bound without) and its options."""
+    options = dict(params)
+    config = options.pop("config", None) or current_config()
+    return config, options
 
 
-GPU_PLATFORMS = ("cuda", "rocm")
-"""Platforms whose kernel primitives lower to the Triton kernels (``_gpu_lowering``)."""
+def call_of(op: Operation, platform: str, avals_in, avals_out, params: dict,
+            ctx=None) -> Call | None:
+    """The :class:`Call` a kernel primitive with these avals and params makes when lowered for
+    ``platform``; ``None`` under the reference backend. Raises ``NotImplementedError`` where
+    the backend cannot lower on ``platform``."""
+    config, options = split_config(params)
+    chosen = backends.backend(config.backend)
+    if chosen.target is None:
+        return None
+    target: Target = chosen.target(platform, ctx, config)
+    return Call(op.name, target, tuple(avals_in), tuple(avals_out), options, config)
 
 
-def _gpu_lowering(op: Operation, platform: str) -> Callable:
-    """The GPU rule: our Triton kernels through the generic launcher (on ROCm gfx950 the
-    FlyDSL kernels where they cover the call: ``gpu.flydsl_lowering``), or the reference
-    lowering under ``backend="reference"`` or where Triton / the launcher is missing."""
-    reference_rule = _reference_lowering(op)
+def choice_for(op: Operation, call: Call) -> Choice:
+    """Which of ``op``'s lowerings lowers ``call`` (what ``explain`` and ``info`` print)."""
+    return choose(op.lowerings, call)
 
-    def rule(ctx, *args, backend, **params):
-        if implementation(op, platform, backend) == "reference":
-            return reference_rule(ctx, *args, backend=backend, **params)
-        if platform == "rocm":
-            from jax_mxfp4.gpu import flydsl_lowering
 
-            out = flydsl_lowering.lower(op.gpu_lowering.__name__, ctx, *args, **params)
-            if out is not None:
-                return out
-        return op.gpu_lowering(ctx, *args, **params)
+def _reference_rule(op: Operation) -> Callable:
+    def rule(ctx, *args, **params):
+        _, options = split_config(params)
+        return mlir.lower_fun(partial(op.reference, **options), op.multiple_results)(ctx, *args)
 
     return rule
 
 
-def _reference_lowering(op: Operation) -> Callable:
-    def rule(ctx, *args, backend, **params):
-        del backend
-        return mlir.lower_fun(partial(op.reference, **params), op.multiple_results)(ctx, *args)
+def _platform_rule(op: Operation, platform: str | None) -> Callable:
+    """The kernel primitive's lowering on ``platform`` (``None``: whichever the context
+    lowers for): the backend's first covering lowering, or the reference lowering under
+    ``backend="reference"``; an error naming every reason when no lowering covers the call
+    (nothing falls back silently)."""
+    reference_rule = _reference_rule(op)
 
-    return rule
-
-
-def _cpu_lowering(op: Operation) -> Callable:
-    reference_rule = _reference_lowering(op)
-    ffi_rule = jax.ffi.ffi_lowering(op.cpu_target, operand_output_aliases=op.aliases)
-
-    def rule(ctx, *args, backend, **params):
-        if implementation(op, "cpu", backend) == "reference":
-            return reference_rule(ctx, *args, backend=backend, **params)
-        return ffi_rule(ctx, *args, **op.cpu_attributes(**params))
+    def rule(ctx, *args, **params):
+        where = platform or ctx.module_context.platforms[0]
+        call = call_of(op, where, ctx.avals_in, ctx.avals_out, params, ctx)
+        if call is None:
+            return reference_rule(ctx, *args, **params)
+        choice = choice_for(op, call)
+        if choice.lowering is None:
+            raise NoLoweringError(no_lowering_message(call, choice))
+        return choice.lowering.lower(ctx, call, *args)
 
     return rule
 
@@ -156,7 +146,16 @@ def define(op: Operation) -> Primitive:
     def per_shard(params: Params, *args):
         return kernel.bind(*args, **dict(params))
 
-    return _operation_primitive(op, per_shard, _partitioned(op, per_shard))
+    primitive = _operation_primitive(op, per_shard, _partitioned(op, per_shard))
+    OPERATION_OF_PRIMITIVE[primitive] = op
+    return primitive
+
+
+def _abstract_eval(op: Operation) -> Callable:
+    def abstract_eval(*avals, **params):
+        return op.abstract_eval(*avals, **split_config(params)[1])
+
+    return abstract_eval
 
 
 def _kernel_primitive(op: Operation) -> Primitive:
@@ -164,13 +163,10 @@ def _kernel_primitive(op: Operation) -> Primitive:
     kernel = Primitive(f"{op.name}_kernel")
     kernel.multiple_results = op.multiple_results
     kernel.def_impl(partial(dispatch.apply_primitive, kernel))
-    kernel.def_abstract_eval(op.abstract_eval)
-    mlir.register_lowering(kernel, _reference_lowering(op))
-    if op.cpu_target is not None:
-        mlir.register_lowering(kernel, _cpu_lowering(op), platform="cpu")
-    if op.gpu_lowering is not None:
-        for platform in GPU_PLATFORMS:
-            mlir.register_lowering(kernel, _gpu_lowering(op, platform), platform=platform)
+    kernel.def_abstract_eval(_abstract_eval(op))
+    mlir.register_lowering(kernel, _platform_rule(op, None))
+    for platform in PLATFORMS:
+        mlir.register_lowering(kernel, _platform_rule(op, platform), platform=platform)
     return kernel
 
 
@@ -225,7 +221,7 @@ def _operation_primitive(op: Operation, per_shard: Callable, partitioned: Callab
     operation = Primitive(op.name)
     operation.multiple_results = op.multiple_results
     operation.def_impl(partial(dispatch.apply_primitive, operation))
-    operation.def_abstract_eval(op.abstract_eval)
+    operation.def_abstract_eval(_abstract_eval(op))
 
     def lowering(ctx, *args, **params):
         # Inside a shard_map manual over only some mesh axes, custom_partitioning cannot

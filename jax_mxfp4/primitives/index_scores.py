@@ -7,18 +7,17 @@ import numpy as np
 from jax.core import ShapedArray
 
 from jax_mxfp4 import ffi_targets, reference, validate
-from jax_mxfp4.backend import get_backend
+from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import PAGE_BYTES
-from jax_mxfp4.gpu import lowering as gpu
+from jax_mxfp4.lowering import CpuHandler, flydsl, triton
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
-from jax_mxfp4.reference._common import folded_score_scale
+from jax_mxfp4.scaling import folded_score_scale
 
 
 def _abstract_eval(q, index_pool, block_table, positions, requests, *, num_blocks, sm_scale,
-                   q_round, backend):
-    del backend
+                   q_round):
     validate.index_scores_args(
         q, index_pool, block_table, positions, requests, num_blocks, sm_scale, q_round
     )
@@ -70,11 +69,12 @@ mxfp4_index_scores_p = define(
         abstract_eval=_abstract_eval,
         batching_rule=_batching_rule,
         reference=reference.index_scores,
-        cpu_target=ffi_targets.INDEX_SCORES,
-        cpu_attributes=_cpu_attributes,
         sharding=_sharding,
-        gpu_lowering=gpu.index_scores,
-        gpu_kernel="index_scores_kernel",
+        lowerings=(
+            CpuHandler(ffi_targets.INDEX_SCORES, _cpu_attributes),
+            flydsl("index_scores"),
+            triton("index_scores"),
+        ),
     )
 )
 
@@ -85,5 +85,5 @@ def index_scores(q, index_pool, block_table, positions, requests, *, num_blocks:
     assert index_pool.shape[-1] == PAGE_BYTES
     return mxfp4_index_scores_p.bind(
         q, index_pool, block_table, positions, requests, num_blocks=int(num_blocks),
-        sm_scale=float(sm_scale), q_round=q_round, backend=get_backend(),
+        sm_scale=float(sm_scale), q_round=q_round, config=current_config(),
     )

@@ -7,17 +7,16 @@ import numpy as np
 from jax.core import ShapedArray
 
 from jax_mxfp4 import ffi_targets, reference, validate
-from jax_mxfp4.backend import get_backend
-from jax_mxfp4.gpu import lowering as gpu
+from jax_mxfp4.backend import current_config
+from jax_mxfp4.lowering import CpuHandler, triton
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
-from jax_mxfp4.reference import SparseSelection
+from jax_mxfp4.selection import SparseSelection
 
 
 def _abstract_eval(scores, block_table, positions, requests, *, topk, init_blocks,
-                   local_blocks, backend):
-    del backend
+                   local_blocks):
     validate.select_blocks_args(
         scores, block_table, positions, requests, topk, init_blocks, local_blocks
     )
@@ -75,12 +74,9 @@ mxfp4_select_blocks_p = define(
         abstract_eval=_abstract_eval,
         batching_rule=_batching_rule,
         reference=_reference,
-        cpu_target=ffi_targets.SELECT_BLOCKS,
-        cpu_attributes=_cpu_attributes,
         sharding=_sharding,
+        lowerings=(CpuHandler(ffi_targets.SELECT_BLOCKS, _cpu_attributes), triton("select_blocks")),
         multiple_results=True,
-        gpu_lowering=gpu.select_blocks,
-        gpu_kernel="select_blocks_kernel",
     )
 )
 
@@ -89,6 +85,6 @@ def select_blocks(scores, block_table, positions, requests, *, topk: int, init_b
                   local_blocks: int) -> SparseSelection:
     ids, pages, context = mxfp4_select_blocks_p.bind(
         scores, block_table, positions, requests, topk=int(topk), init_blocks=int(init_blocks),
-        local_blocks=int(local_blocks), backend=get_backend(),
+        local_blocks=int(local_blocks), config=current_config(),
     )
     return SparseSelection(ids, pages, context)

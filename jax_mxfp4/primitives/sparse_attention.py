@@ -9,16 +9,15 @@ import numpy as np
 from jax.core import ShapedArray
 
 from jax_mxfp4 import ffi_targets, reference, validate
-from jax_mxfp4.backend import get_backend
+from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import MX_BLOCK
-from jax_mxfp4.gpu import lowering as gpu
+from jax_mxfp4.lowering import CpuHandler, flydsl, triton
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids, compound
 
 
-def _abstract_eval(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, output, backend):
-    del backend
+def _abstract_eval(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, output):
     validate.sparse_attention_args(q, k_pool, v_pool, page_table, context_lens, sm_scale, output)
     num_tokens, num_q_heads, head_dim = q.shape
     if output == "mxfp8":
@@ -92,14 +91,15 @@ def _define(output: str):
             abstract_eval=_abstract_eval,
             batching_rule=_batching_rule,
             reference=_reference,
-            cpu_target=(
-                ffi_targets.SPARSE_ATTENTION_MXFP8 if mxfp8 else ffi_targets.SPARSE_ATTENTION
-            ),
-            cpu_attributes=_cpu_attributes,
             sharding=_mxfp8_sharding if mxfp8 else _sharding,
+            lowerings=(
+                CpuHandler(
+                    ffi_targets.SPARSE_ATTENTION_MXFP8 if mxfp8 else ffi_targets.SPARSE_ATTENTION,
+                    _cpu_attributes),
+                flydsl("sparse_attention"),
+                triton("sparse_attention"),
+            ),
             multiple_results=True,
-            gpu_lowering=gpu.sparse_attention,
-            gpu_kernel="attention_kernel" + ("+mxfp8" if mxfp8 else ""),
         )
     )
 
@@ -113,6 +113,6 @@ def sparse_attention(q, k_pool, v_pool, page_table, context_lens, *, sm_scale: f
     primitive = mxfp4_sparse_attention_mxfp8_p if output == "mxfp8" else mxfp4_sparse_attention_p
     outs = primitive.bind(
         q, k_pool, v_pool, page_table, context_lens, sm_scale=float(sm_scale), output=output,
-        backend=get_backend(),
+        config=current_config(),
     )
     return tuple(outs) if output == "mxfp8" else outs[0]

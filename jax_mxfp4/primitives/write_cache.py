@@ -7,16 +7,15 @@ import numpy as np
 from jax.core import ShapedArray
 
 from jax_mxfp4 import ffi_targets, reference, validate
-from jax_mxfp4.backend import get_backend
-from jax_mxfp4.formats import PAGE_TOKENS
-from jax_mxfp4.gpu import lowering as gpu
+from jax_mxfp4.backend import current_config
+from jax_mxfp4.formats import PAGE_TOKENS, ROUND_MODE_CODES
+from jax_mxfp4.lowering import CpuHandler, flydsl, triton
 from jax_mxfp4.primitives import _batching as B
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
 
 
-def _abstract_eval(pool, x, slots, *, round_mode, backend):
-    del backend
+def _abstract_eval(pool, x, slots, *, round_mode):
     validate.write_cache_args(pool, x, slots, round_mode)
     if x.dtype != jnp.bfloat16 or slots.dtype != jnp.int32:
         raise TypeError(
@@ -52,7 +51,7 @@ def _sharding(shapes) -> ShardingRule:
 
 
 def _cpu_attributes(*, round_mode):
-    return {"round_mode": np.int32(ffi_targets.ROUND_MODE_CODES[round_mode])}
+    return {"round_mode": np.int32(ROUND_MODE_CODES[round_mode])}
 
 
 mxfp4_write_cache_p = define(
@@ -61,12 +60,12 @@ mxfp4_write_cache_p = define(
         abstract_eval=_abstract_eval,
         batching_rule=_batching_rule,
         reference=reference.write_cache,
-        cpu_target=ffi_targets.WRITE_CACHE,
-        cpu_attributes=_cpu_attributes,
         sharding=_sharding,
-        aliases={0: 0},
-        gpu_lowering=gpu.write_cache,
-        gpu_kernel="write_cache_kernel",
+        lowerings=(
+            CpuHandler(ffi_targets.WRITE_CACHE, _cpu_attributes, aliases={0: 0}),
+            flydsl("write_cache"),
+            triton("write_cache"),
+        ),
     )
 )
 
@@ -79,4 +78,5 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
         limit = pool.shape[0] * PAGE_TOKENS
         inside = (slots >= 0) & (slots < limit)
         slots = jnp.where(inside, slots, -1).astype(jnp.int32)
-    return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode, backend=get_backend())
+    return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode,
+                                    config=current_config())

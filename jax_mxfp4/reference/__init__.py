@@ -13,10 +13,11 @@ from jax_mxfp4.formats import (
 )
 from jax_mxfp4.pages import dequantize_pool, new_pool
 from jax_mxfp4.reference.index_scores import index_scores
-from jax_mxfp4.reference.select_blocks import SparseSelection, select_blocks
+from jax_mxfp4.reference.select_blocks import select_blocks
 from jax_mxfp4.reference.sparse_attention import sparse_attention
 from jax_mxfp4.reference.write_cache import write_cache
 from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
+from jax_mxfp4.selection import SparseSelection
 
 __all__ = [
     "SparseSelection",

@@ -6,29 +6,14 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_mxfp4 import formats
 from jax_mxfp4._bits import mul_pow2
 from jax_mxfp4.pages import split_pages
 
-LOG2E_LITERAL = 1.4426950409
-"""The truncated log2(e) the scorers fold into their scale (SPEC §0)."""
-FLT_MIN = float(np.finfo(np.float32).tiny)
-
 # Rows handled per step of the chunked loops: bounds the size of per-row intermediates
 # (a row's gathered and unpacked pages) so memory stays proportional to the chunk, not to T.
 _CHUNK_BYTES = 48 << 20
-
-
-def folded_score_scale(sm_scale: float) -> np.float32:
-    """``fp32(sm_scale * 1.4426950409)``, checked finite and positive (SPEC §4, §11)."""
-    folded = np.float32(float(sm_scale) * LOG2E_LITERAL)
-    if not (np.isfinite(folded) and folded > 0):
-        raise ValueError(
-            f"sm_scale must make sm_scale * log2(e) a finite positive fp32, got {sm_scale!r}"
-        )
-    return folded
 
 
 def row_is_live(positions, requests, num_requests: int) -> jnp.ndarray:

@@ -21,13 +21,13 @@ from jax_mxfp4 import formats
 from jax_mxfp4._bits import widen_rounded
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import (
-    folded_score_scale,
     map_row_chunks,
     row_is_live,
     rows_per_chunk,
     scale_by_exponent,
     token_keys,
 )
+from jax_mxfp4.scaling import folded_score_scale
 
 # With at most this many (request, head) pairs, scoring every row against every request's
 # block as one matmul beats gathering each row's keys.

@@ -9,31 +9,16 @@ are selected, ties to the lower block index.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax.numpy as jnp
 from jax import lax
 
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import row_is_live
+from jax_mxfp4.selection import SparseSelection
 
 INIT_KEY = 1e30
 LOCAL_KEY = 1e29
 NAN_KEY = -1e30
-
-
-class SparseSelection(NamedTuple):
-    """What ``select_blocks`` returns.
-
-    block_ids: ``int32[H, T, topk]`` selected block numbers, best first, -1 padded.
-    page_table: ``int32[T, H, topk]`` physical page ids in attention order (full blocks in
-      selection order, then the row's partial tail block), 0 padded.
-    context_lens: ``int32[T, H]`` tokens the row attends to through ``page_table``.
-    """
-
-    block_ids: jnp.ndarray
-    page_table: jnp.ndarray
-    context_lens: jnp.ndarray
 
 
 def selection_keys(scores, positions, *, init_blocks: int, local_blocks: int):

@@ -23,13 +23,13 @@ from jax_mxfp4._bits import (
 )
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.reference._common import (
-    FLT_MIN,
     map_row_chunks,
     rows_per_chunk,
     scale_by_exponent,
     token_keys,
     token_values,
 )
+from jax_mxfp4.scaling import FLT_MIN
 
 OUTPUTS = ("bf16", "mxfp8")
 

@@ -20,9 +20,9 @@ def unavailable_reason() -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    from jax_mxfp4.gpu.lowering import available
+    from jax_mxfp4.gpu import launch
 
-    if not available():
+    if not launch.register_gpu_targets():
         return "the GPU launcher extension is not built"
     return None
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+import numpy as np
 import triton
 import triton.language as tl
 
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.scaling import folded_score_scale
 
 
 @triton.jit
@@ -196,3 +201,58 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
     fold = foldable and m >= 64
     return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, rows * num_heads == 1, fold)
+
+
+# --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
+
+_DOT_DTYPES = {"fp8": tl.float8e4nv, "fp16": tl.float16, "bf16": tl.bfloat16}
+
+
+def _dot(call) -> str:
+    """The dot operand type: e4m3-exact queries take fp16 dots (exact for e2m1 x e4m3), or
+    fp8 dots where ``config.fp8_dots`` asks; a bf16 query kept as is (``q_round="none"``)
+    takes bf16 dots."""
+    q_fp8 = jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn
+    exact_e4m3 = q_fp8 or call.params["q_round"] == "e4m3"
+    if not exact_e4m3:
+        return "bf16"
+    return "fp8" if call.config.fp8_dots else "fp16"
+
+
+def available(target, config) -> str | None:
+    return triton_call.launcher_problem(target)
+
+
+def covers(call) -> str | None:
+    return None  # every call of the operation
+
+
+def kernel_name(call) -> str:
+    return f"index_scores_kernel[{_dot(call)} dots]"
+
+
+def lower(ctx, call, q, pool, table, positions, requests):
+    q_aval, pool_aval, table_aval = call.avals_in[:3]
+    rows, heads = q_aval.shape[0], q_aval.shape[1]
+    num_requests, width = table_aval.shape
+    num_blocks = call.params["num_blocks"]
+    q_fp8 = jnp.dtype(q_aval.dtype) == jnp.float8_e4m3fn
+    dot = _dot(call)
+    layout = plan(rows, heads, num_requests, num_blocks, call.target.units,
+                  foldable=dot != "fp8")
+    launch = triton_call.launch(
+        index_scores_kernel, call.target,
+        grid=layout.grid if rows and num_blocks and num_requests else (0, 1, 1),
+        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
+        avals=(*call.avals_in, *call.avals_out),
+        scalars={"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
+                 "P": np.int32(pool_aval.shape[0]), "NB": np.int32(num_blocks),
+                 "score_scale": folded_score_scale(call.params["sm_scale"])},
+        constants={"H": heads, "ROWS": layout.rows, "M": layout.m, "BLOCKS": layout.blocks,
+                   "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
+                   "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],
+                   "ONE_ROW": layout.one_row, "FOLD": layout.fold},
+        num_warps=layout.num_warps,
+    )
+    return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
+                         call.avals_out)

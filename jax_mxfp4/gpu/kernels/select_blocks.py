@@ -10,8 +10,12 @@ pages up in the block table and computes the context length.
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
+
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.gpu import triton_call
 
 INT_MIN = tl.constexpr(-2147483648)
 
@@ -74,3 +78,41 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
 
 def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(max(1, n)))
+
+
+# --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
+
+_INT32_MAX = 2**31 - 1
+
+
+def available(target, config) -> str | None:
+    return triton_call.launcher_problem(target)
+
+
+def covers(call) -> str | None:
+    return None  # every call of the operation
+
+
+def kernel_name(call) -> str:
+    return "select_blocks_kernel"
+
+
+def lower(ctx, call, scores, table, positions, requests):
+    """One program per (row, head); the counts beyond int32 mean "every block" anyway."""
+    heads, rows, num_blocks = call.avals_in[0].shape
+    num_requests, width = call.avals_in[1].shape
+    topk = call.params["topk"]
+    launch = triton_call.launch(
+        select_blocks_kernel, call.target, grid=(rows, heads, 1) if rows and heads else (0, 1, 1),
+        buffers=("scores_ptr", "table_ptr", "pos_ptr", "req_ptr", "ids_ptr", "pages_ptr",
+                 "ctx_ptr"),
+        avals=(*call.avals_in, *call.avals_out),
+        scalars={"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
+                 "NB": np.int32(num_blocks),
+                 "init_blocks": np.int32(min(call.params["init_blocks"], _INT32_MAX)),
+                 "local_blocks": np.int32(min(call.params["local_blocks"], _INT32_MAX))},
+        constants={"H": heads, "NBP": padded(num_blocks), "TOPK": topk, "KP": padded(topk)},
+        num_warps=4 if num_blocks <= 2048 else 8,
+    )
+    return launcher.emit(ctx, launch, [scores, table, positions, requests], call.avals_in,
+                         call.avals_out)

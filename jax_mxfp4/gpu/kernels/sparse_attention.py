@@ -18,13 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
+import numpy as np
 import triton
 import triton.language as tl
+from jax.core import ShapedArray
 
+from jax_mxfp4 import scaling
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.plans import attention_splits
 
 LOG2E = tl.constexpr(1.4426950408889634)
-FLT_MIN = tl.constexpr(1.1754943508222875e-38)
+FLT_MIN = tl.constexpr(scaling.FLT_MIN)
 
 
 @triton.jit
@@ -209,21 +216,80 @@ class Plan:
     num_warps: int
 
 
-def plan(num_rows: int, group: int, num_pages: int, num_sms: int = 132) -> Plan:
-    """Split-K from static shapes. A program walks its pages one after another, each waiting
-    on its K and V loads, so the grid wants several programs per SM: splits are doubled until
-    there are about eight (row, split) programs per SM, keeping at least two pages per split
-    (a power-of-two number of splits)."""
+def plan(num_rows: int, group: int, num_pages: int, num_sms: int) -> Plan:
+    """Split-K from static shapes (``plans.attention_splits``, shared with the gfx950
+    kernels), ``GP`` dot rows, and the warps: 8 while the grid is under two programs per SM,
+    else 4 (side by side on the H200: bench/RESULTS.md)."""
     gp = max(16, triton.next_power_of_2(group))
-    want = max(1, (8 * num_sms) // max(1, num_rows))
-    splits = 1
-    # One page per split instead (H200, CUPTI, side by side): 12.9 -> 12.4 us for 1 row,
-    # 13.5 -> 13.3 for 8, but 14.3 -> 15.7 for 16 and 19.9 -> 24.3 for 32: two pages stay.
-    while splits * 2 <= min(want, num_pages // 2):
-        splits *= 2
+    splits = attention_splits(num_rows, num_pages, num_sms)
     pages = triton.cdiv(max(num_pages, 1), splits)
-    # Side by side on the H200 (bench/gpu_diagnose.py --probes), 4 / 8 warps: 18.7 / 16.8 us
-    # for 1 row (8 programs), 23.9 / 23.9 us for 32 rows (256), 141.3 / 165.6 us for 256 rows
-    # (1024): 8 warps while the grid is under two programs per SM, else 4.
     warps = 8 if num_rows * splits < 2 * num_sms else 4
     return Plan(gp, splits, pages, warps)
+
+
+# --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
+
+
+def available(target, config) -> str | None:
+    return triton_call.launcher_problem(target)
+
+
+def covers(call) -> str | None:
+    return None  # every call of the operation
+
+
+def _shape(call) -> tuple[int, int, int, int]:
+    """(rows R = T * Hkv, q heads per kv head G, pages per row n, kv heads Hkv)."""
+    q_aval, k_aval, _, pages_aval, _ = call.avals_in
+    kv_heads = k_aval.shape[1]
+    return q_aval.shape[0] * kv_heads, q_aval.shape[1] // kv_heads, pages_aval.shape[-1], \
+        kv_heads
+
+
+def kernel_name(call) -> str:
+    rows, group, n, _ = _shape(call)
+    splits = plan(rows, group, n, call.target.units).splits
+    return "attention_kernel" if splits == 1 else f"attention_kernel[{splits} splits]+reduce_kernel"
+
+
+def lower(ctx, call, q, k_pool, v_pool, pages, context):
+    """The attention kernel storing the output itself (one split), or storing per-split
+    partials that ``reduce_kernel`` merges (the partials are the first call's results: XLA
+    allocates them like any intermediate)."""
+    rows, group, n, kv_heads = _shape(call)
+    layout = plan(rows, group, n, call.target.units)
+    mxfp8 = call.params["output"] == "mxfp8"
+    constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
+                 "Q_IS_FP8": jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn,
+                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots, "PV_DTYPE": tl.bfloat16}
+    scalars = {"HKV": np.int32(kv_heads), "P": np.int32(call.avals_in[1].shape[0]),
+               "NPAGES": np.int32(n), "sm_scale": np.float32(call.params["sm_scale"])}
+    inputs = ("q_ptr", "k_ptr", "v_ptr", "table_ptr", "ctx_ptr")
+    operands = [q, k_pool, v_pool, pages, context]
+    grid = (rows, layout.splits, 1) if rows else (0, 1, 1)
+    if layout.splits == 1:
+        outputs = ("out_ptr", "aux_ptr") if mxfp8 else ("out_ptr",)
+        nulls = {"m_ptr": jnp.float32, "l_ptr": jnp.float32}
+        if not mxfp8:
+            nulls["aux_ptr"] = jnp.uint8
+        launch = triton_call.launch(
+            attention_kernel, call.target, grid=grid, buffers=(*inputs, *outputs),
+            avals=(*call.avals_in, *call.avals_out), scalars=scalars, constants=constants,
+            nulls=nulls, num_warps=layout.num_warps)
+        return launcher.emit(ctx, launch, operands, call.avals_in, call.avals_out)
+    parts = rows * layout.splits * layout.gp
+    part_avals = (ShapedArray((parts * 128,), jnp.bfloat16), ShapedArray((parts,), jnp.float32),
+                  ShapedArray((parts,), jnp.float32))
+    launch = triton_call.launch(
+        attention_kernel, call.target, grid=grid,
+        buffers=(*inputs, "out_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
+        scalars=scalars, constants=constants, nulls={"aux_ptr": jnp.uint8},
+        num_warps=layout.num_warps)
+    partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
+    merge = triton_call.launch(
+        reduce_kernel, call.target, grid=(rows, 1, 1),
+        buffers=("o_ptr", "m_ptr", "l_ptr", "out_ptr", "aux_ptr")[:3 + len(call.avals_out)],
+        avals=(*part_avals, *call.avals_out), scalars={"HKV": np.int32(kv_heads)},
+        constants={"G": group, "GP": layout.gp, "SPLITS": layout.splits, "MXFP8": mxfp8},
+        nulls={} if mxfp8 else {"aux_ptr": jnp.uint8})
+    return launcher.emit(ctx, merge, partials, part_avals, call.avals_out)

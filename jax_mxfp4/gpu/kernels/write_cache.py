@@ -11,10 +11,16 @@ does not depend on the order programs run in.
 
 from __future__ import annotations
 
+import numpy as np
 import triton
 import triton.language as tl
+from jax.interpreters import mlir
 
+from jax_mxfp4.formats import ROUND_MODE_CODES
+from jax_mxfp4.gpu import launch as launcher
+from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.rows import last_writer_slots
 
 
 @triton.jit
@@ -94,3 +100,45 @@ def rows_per_program(num_rows: int) -> int:
 
 def grid(num_rows: int) -> tuple[int, int, int]:
     return (triton.cdiv(max(num_rows, 1), rows_per_program(num_rows)), 1, 1)
+
+
+# --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
+
+# Up to this many rows the kernel finds each slot's last writer itself (every program
+# compares its rows with all T slots: quadratic); above it, the slots are sorted first
+# (``rows.last_writer_slots``). Timings of both: bench/RESULTS.md.
+KERNEL_DEDUP_MAX_ROWS = 4096
+
+
+def available(target, config) -> str | None:
+    return triton_call.launcher_problem(target)
+
+
+def covers(call) -> str | None:
+    return None  # every call of the operation
+
+
+def kernel_name(call) -> str:
+    return "write_cache_kernel"
+
+
+def lower(ctx, call, pool, x, slots):
+    """One launch over (token, head) rows; the pool is aliased to the result (in place)."""
+    pool_aval, x_aval, slots_aval = call.avals_in
+    num_tokens = x_aval.shape[0]
+    heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1
+    rows = num_tokens * heads
+    dedup_in_kernel = num_tokens <= KERNEL_DEDUP_MAX_ROWS
+    if not dedup_in_kernel:
+        sub = ctx.replace(avals_in=[slots_aval], avals_out=[slots_aval])
+        slots = mlir.lower_fun(lambda s: [last_writer_slots(s)])(sub, slots)[0]
+    launch = triton_call.launch(
+        write_cache_kernel, call.target, grid=grid(rows) if rows else (0, 1, 1),
+        buffers=("pool_ptr", "x_ptr", "slots_ptr", "out_ptr"),
+        avals=(*call.avals_in, *call.avals_out),
+        scalars={"T": np.int32(num_tokens), "H": np.int32(heads),
+                 "P": np.int32(pool_aval.shape[0])},
+        constants={"ROUND": ROUND_MODE_CODES[call.params["round_mode"]],
+                   "ROWS": rows_per_program(rows), "SCAN": 256, "DEDUP": dedup_in_kernel},
+    )
+    return launcher.emit(ctx, launch, [pool, x, slots], call.avals_in, call.avals_out, {0: 0})

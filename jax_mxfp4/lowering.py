@@ -1,0 +1,204 @@
+"""Lowerings: the unit of dispatch from an operation to one backend's kernel.
+
+Each operation (``primitives``) holds an ordered tuple of :class:`Lowering` objects. For a call
+being lowered, the backend resolves a :class:`~jax_mxfp4.targets.Target`; the first lowering
+whose :meth:`Lowering.covers` answers ``None`` for that :class:`Call` lowers it. ``info`` and
+:func:`jax_mxfp4.explain` ask the same question with the same call, so what they print is what
+runs. A lowering that does not cover a call says why (a reason string); when none covers it the
+call fails at lowering time with every reason and the fix: nothing falls back silently, and the
+reference lowering runs only under ``backend="reference"``.
+
+Lowerings live next to their kernels:
+
+* :class:`CpuHandler`: a C++ XLA FFI handler of ``ffi/cpu`` (``jax_mxfp4.ffi_targets``);
+* :class:`KernelModule`: a module holding ``covers(call)`` and ``lower(ctx, call, *args)``,
+  imported only when a call is lowered for one of its devices (the Triton kernel modules in
+  ``jax_mxfp4.gpu.kernels``, the FlyDSL builder modules in ``jax_mxfp4.hip_kernels``), so that
+  Triton and FlyDSL stay optional.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jax_mxfp4 import ffi_targets
+from jax_mxfp4.backend import LoweringConfig
+from jax_mxfp4.targets import CPU, CUDA, ROCM, Target
+
+TRITON_REQUIREMENT = "install the gpu extra: pip install 'jax_mxfp4[gpu]'"
+FLYDSL_REQUIREMENT = (
+    "install the rocm extra (pip install 'jax_mxfp4[rocm]') or point JAX_MXFP4_KERNEL_DIR at "
+    "prebuilt code objects (python -m jax_mxfp4 build)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call of an operation's kernel primitive, as a lowering sees it.
+
+    ``avals_in`` / ``avals_out``: the operands' and results' abstract values on this shard;
+    ``params``: the operation's static options (``num_blocks``, ``q_round``...);
+    ``config``: the lowering switches it was bound under; ``target``: where it lowers.
+    """
+
+    op: str
+    target: Target
+    avals_in: tuple
+    avals_out: tuple
+    params: dict[str, Any]
+    config: LoweringConfig
+
+
+class Lowering:
+    """An implementation of an operation: what it covers and how it lowers.
+
+    ``name`` says what runs (``"ffi:<target>"``, ``"triton:<kernel>"``,
+    ``"flydsl:<kernel>"``); ``devices`` the :attr:`Target.device` values it serves.
+    """
+
+    name: str
+    devices: tuple[str, ...]
+
+    def available(self, target: Target, config: LoweringConfig) -> str | None:
+        """``None`` if this lowering can run on ``target`` at all (installed, built, right
+        arch), else why not: the part of :meth:`covers` that does not depend on a call."""
+        raise NotImplementedError
+
+    def covers(self, call: Call) -> str | None:
+        """``None`` if this lowering implements ``call``, else why not (one sentence)."""
+        raise NotImplementedError
+
+    def lower(self, ctx, call: Call, *args) -> Sequence:
+        """Emit the call's MLIR (inside a JAX lowering rule); returns the result values."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuHandler(Lowering):
+    """A C++ FFI handler: ``target`` (a name of ``ffi_targets.CPU_TARGETS``), its XLA
+    attributes from the call's static options, and operand -> result buffer aliases."""
+
+    target: str
+    attributes: Callable[..., dict]
+    aliases: dict[int, int] | None = None
+    devices: tuple[str, ...] = (CPU,)
+
+    @property
+    def name(self) -> str:
+        return f"ffi:{self.target}"
+
+    def available(self, target: Target, config: LoweringConfig) -> str | None:
+        if target.device != CPU or target.emulated:
+            return "C++ handlers serve the CPU"
+        return ffi_targets.cpu_handlers_problem()
+
+    def covers(self, call: Call) -> str | None:
+        return self.available(call.target, call.config)
+
+    def lower(self, ctx, call: Call, *args) -> Sequence:
+        rule = jax.ffi.ffi_lowering(self.target, operand_output_aliases=self.aliases)
+        return rule(ctx, *args, **self.attributes(**call.params))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelModule(Lowering):
+    """A lowering whose ``available(target, config)``, ``covers(call)``, ``lower(ctx, call,
+    *args)`` and ``kernel_name(call)`` are functions of the module ``module``, imported on
+    first use; ``requires`` says what installing it takes, for the reason given when the
+    import fails. The module's ``covers`` is only asked once ``available`` said yes."""
+
+    family: str  # "triton" | "flydsl"
+    module: str
+    devices: tuple[str, ...]
+    requires: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}:{self.module.rsplit('.', 1)[-1]}"
+
+    def _load(self):
+        return importlib.import_module(self.module)
+
+    def available(self, target: Target, config: LoweringConfig) -> str | None:
+        if target.device not in self.devices:
+            return f"{self.family} kernels serve {'/'.join(self.devices)}"
+        try:
+            module = self._load()
+        except ImportError as error:
+            return f"{self.family} is not importable ({error}); {self.requires}"
+        return module.available(target, config)
+
+    def covers(self, call: Call) -> str | None:
+        return self.available(call.target, call.config) or self._load().covers(call)
+
+    def lower(self, ctx, call: Call, *args) -> Sequence:
+        return self._load().lower(ctx, call, *args)
+
+    def kernel_name(self, call: Call) -> str:
+        """The kernel(s) this lowering launches for ``call`` (for ``explain``)."""
+        describe = getattr(self._load(), "kernel_name", None)
+        return f"{self.family}:{describe(call)}" if describe else self.name
+
+
+def triton(module: str) -> KernelModule:
+    """The Triton lowering in ``jax_mxfp4.gpu.kernels.<module>`` (CUDA and ROCm)."""
+    return KernelModule("triton", f"jax_mxfp4.gpu.kernels.{module}", (CUDA, ROCM),
+                        TRITON_REQUIREMENT)
+
+
+def flydsl(module: str) -> KernelModule:
+    """The FlyDSL lowering in ``jax_mxfp4.hip_kernels.<module>`` (ROCm gfx950)."""
+    return KernelModule("flydsl", f"jax_mxfp4.hip_kernels.{module}", (ROCM,), FLYDSL_REQUIREMENT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The outcome of choosing a lowering for a call: the one that covers it (``None`` when
+    none does) and, for every lowering tried before it, why it was skipped."""
+
+    lowering: Lowering | None
+    skipped: tuple[tuple[str, str], ...]  # (lowering name, reason)
+
+    def describe(self, call: Call) -> str:
+        if self.lowering is None:
+            return "none"
+        if isinstance(self.lowering, KernelModule):
+            return self.lowering.kernel_name(call)
+        return self.lowering.name
+
+
+def choose(lowerings: Sequence[Lowering], call: Call) -> Choice:
+    """The first of ``lowerings`` serving the call's device that covers ``call``."""
+    skipped = []
+    for lowering in lowerings:
+        if call.target.device not in lowering.devices:
+            continue
+        reason = lowering.covers(call)
+        if reason is None:
+            return Choice(lowering, tuple(skipped))
+        skipped.append((lowering.name, reason))
+    return Choice(None, tuple(skipped))
+
+
+class NoLoweringError(NotImplementedError):
+    """No lowering of the chosen backend covers a call (raised while lowering)."""
+
+
+def no_lowering_message(call: Call, choice: Choice) -> str:
+    reasons = "; ".join(f"{name}: {why}" for name, why in choice.skipped) or \
+        "no kernel is registered for this device"
+    return (
+        f"{call.op}: backend {call.config.backend!r} has no kernel for this call on "
+        f"{call.target.describe()} ({reasons}). Fix what the reason says, or run the slow "
+        f"plain-XLA path on purpose with jax_mxfp4.set_backend('reference') or "
+        f"JAX_MXFP4_BACKEND=reference."
+    )
+
+
+__all__ = ["Call", "Choice", "CpuHandler", "KernelModule", "Lowering", "NoLoweringError",
+           "choose", "flydsl", "no_lowering_message", "triton"]
