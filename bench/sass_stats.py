@@ -4,9 +4,9 @@ Exports a few of the bench's shapes for CUDA sm_90 (``jax.export`` under
 ``jm.lowering_options(gpu_arch=90)``, as ``tests/test_gpu_compile.py`` does), records every
 Triton kernel the lowering compiles, and disassembles each cubin with the ``nvdisasm`` and
 ``cuobjdump`` that ship with Triton. Per kernel: registers, stack and shared memory per
-program, and the instruction mix. Counts are static (a loop body counts once), and fewer instructions is not
-always faster (bench/RESULTS.md has a counter-example): use it to choose what to time on the
-device, not instead of timing.
+program, and the instruction mix. Counts are static (a loop body counts once), and fewer
+instructions is not always faster (bench/RESULTS.md has a counter-example): use it to choose
+what to time on the device, not instead of timing.
 
     python bench/sass_stats.py [CASE ...]      # default: every case
 """
