@@ -25,6 +25,9 @@ import numpy as np
 from jax_mxfp4 import bench_gpu
 from jax_mxfp4.backend import backend_scope
 from jax_mxfp4.reference.index_scores import scoring_query
+from jax_mxfp4.targets import CUDA, DEFAULT_UNITS
+
+H200_SMS = DEFAULT_UNITS[CUDA]
 
 
 def e4m3_check() -> None:
@@ -120,7 +123,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
                                      generator=gen)
     pool = pool.to(device)
     for rows in sizes:
-        plan = K.plan(rows, 16, 16)
+        plan = K.plan(rows, 16, 16, H200_SMS)
         q = torch.randn((rows, 16, 128), generator=gen).to(torch.bfloat16).to(device)
         table = torch.randint(0, pages, (rows, 16), dtype=torch.int32, generator=gen).to(device)
         ctx = torch.full((rows,), 16 * 128, dtype=torch.int32, device=device)
@@ -193,7 +196,7 @@ def index_variants(device: str = "cuda", timer=None,
     for b, s, nb in shapes:
         inputs = _index_inputs(b, s, nb, -1, gen, device)
         t, pages = inputs["T"], inputs["P"]
-        base = K.plan(t, 1, b, nb)
+        base = K.plan(t, 1, b, nb, H200_SMS)
         grid1 = (base.grid[0], nb, 1)
         variants = {"tensor cores": dataclasses.replace(base, blocks=1, grid=grid1,
                                                         one_row=False)}

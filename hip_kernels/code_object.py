@@ -22,6 +22,8 @@ import tempfile
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
+from jax_mxfp4.cache import kernel_cache_dir
+
 from . import abi
 from .metadata import KernelInfo, kernel_info, waves_per_simd
 
@@ -96,11 +98,6 @@ def content_hash(spec: abi.Specialization, arch: str) -> str:
     return h.hexdigest()[:24]
 
 
-def cache_root() -> Path:
-    default = Path.home() / ".cache" / "jax_mxfp4" / "kernels"
-    return Path(os.environ.get("JAX_MXFP4_CACHE_DIR", default))
-
-
 def _from_files(spec, arch, hsaco: Path, digest: str) -> CodeObject:
     data = hsaco.read_bytes()
     isa_path = hsaco.with_suffix(".s")
@@ -139,14 +136,14 @@ def code_object(op: str | abi.Specialization, *, arch: str = "gfx950", compile: 
     prebuilt = os.environ.get("JAX_MXFP4_KERNEL_DIR")
     if prebuilt and (Path(prebuilt) / f"{spec.symbol}.hsaco").exists():
         return _from_files(spec, arch, Path(prebuilt) / f"{spec.symbol}.hsaco", digest)
-    folder = cache_root() / arch / f"{spec.symbol}-{digest}"
+    folder = kernel_cache_dir() / arch / f"{spec.symbol}-{digest}"
     if (folder / f"{spec.symbol}.hsaco").exists():
         return _from_files(spec, arch, folder / f"{spec.symbol}.hsaco", digest)
     if not compile:
         raise FileNotFoundError(f"no prebuilt or cached code object for {spec.symbol}")
     from hip_kernels.compiler import compile_spec
 
-    built = compile_spec(spec, arch, cache_root())
+    built = compile_spec(spec, arch, kernel_cache_dir())
     co = CodeObject(spec, arch, built.hsaco, built.isa, kernel_info(built.hsaco, spec.symbol),
                     digest)
     _store(folder, co)

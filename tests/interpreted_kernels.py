@@ -61,7 +61,7 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
     """index_scores_kernel with the plan's one-row (CUDA-core) tiling; ``f32 [1, T, NB]``."""
     q, pool, table, positions, requests = (np.asarray(a) for a in case.args()[:5])
     rows, requests_n = len(positions), table.shape[0]
-    plan = index_scores.plan(rows, 1, requests_n, case.num_blocks)
+    plan = index_scores.plan(rows, 1, requests_n, case.num_blocks, num_sms=132)
     assert plan.one_row, plan
     out = torch.full((1, rows, case.num_blocks), 7.0)
     q_fp8 = str(q.dtype) == "float8_e4m3fn"

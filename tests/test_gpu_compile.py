@@ -162,10 +162,10 @@ def test_prefill_index_tiles_fold_the_keys_without_spilling():
     from jax_mxfp4.gpu.kernels import index_scores
 
     tiles = {
-        "prefill": index_scores.plan(4096, 1, 1, 64),
-        "prefill64": index_scores.plan(256, 1, 4, 64),
-        "e4m3 dots": index_scores.plan(4096, 1, 1, 64, foldable=False),
-        "decode": index_scores.plan(32, 1, 8, 64),
+        "prefill": index_scores.plan(4096, 1, 1, 64, 132),
+        "prefill64": index_scores.plan(256, 1, 4, 64, 132),
+        "e4m3 dots": index_scores.plan(4096, 1, 1, 64, 132, foldable=False),
+        "decode": index_scores.plan(32, 1, 8, 64, 132),
     }
     assert {name: (tile.fold, tile.m) for name, tile in tiles.items()} == {
         "prefill": (True, 128), "prefill64": (True, 64), "e4m3 dots": (False, 64),

@@ -21,6 +21,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jax_mxfp4.cache import kernel_cache_dir
+
 TRITON_EXTRA_PARAMS = 2
 """Triton 3.x kernels take a global-scratch and a profile-scratch pointer after the user's."""
 
@@ -79,11 +81,6 @@ class Compiled:
 
 
 _lock = threading.Lock()
-
-
-def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "jax_mxfp4" / "kernels"
-    return Path(os.environ.get("JAX_MXFP4_CACHE_DIR", default))
 
 
 def _key(spec: KernelSpec, target: Target) -> str:
@@ -195,7 +192,7 @@ def _store(path: Path, compiled: Compiled) -> None:
 def compile_kernel(spec: KernelSpec, target: Target) -> Compiled:
     """The code object of ``spec`` for ``target``: from memory, the disk cache, or Triton."""
     key = _key(spec, target)
-    path = cache_dir() / f"{spec.fn.__name__}-{key[:32]}.bin"
+    path = kernel_cache_dir() / f"{spec.fn.__name__}-{key[:32]}.bin"
     compiled = _load(path)
     if compiled is None:
         with _lock:  # Triton's compiler is not re-entrant across threads

@@ -63,7 +63,8 @@ def _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P):
     if pos0 >= j * 128:  # row 0 is live (its request is valid) and reaches block j
         page = tl.load(table_ptr + req0.to(tl.int64) * W + j)
         if (page >= 0) & (page < P):
-            dots, expo = mxfp4.row_page_logits(q_row, pool_ptr + page.to(tl.int64) * 8704)
+            page_ptr = pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES
+            dots, expo = mxfp4.row_page_logits(q_row, page_ptr)
             tok = j * 128 + tl.arange(0, 128)
             logits = tl.where(tok <= pos0, mxfp4.mul_pow2(dots, expo), float("-inf"))
             best = tl.where(m == 0, tl.max(logits, axis=0), best)
@@ -101,7 +102,7 @@ def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_
     sel = live & (req == req_r)
     best = tl.full(sel.shape, float("-inf"), tl.float32)
     if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
-        page_ptr = pool_ptr + page.to(tl.int64) * 8704
+        page_ptr = pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES
         tok = j * 128 + tl.arange(0, 128)
         if FOLD:
             best = _folded_maxima(q, page_ptr, sel, pos, tok)
@@ -172,7 +173,7 @@ class Plan:
 
 
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
-         num_sms: int = 132, foldable: bool = True) -> Plan:
+         num_sms: int, foldable: bool = True) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
     decode depth S, or a prefill chunk), capped at 128 dot rows (64 where the keys cannot be
     folded: ``foldable`` is false for e4m3 dots, whose operand cannot hold the groups'

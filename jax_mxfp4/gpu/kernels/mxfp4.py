@@ -26,8 +26,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-PAGE_BYTES = tl.constexpr(8704)
-SCALE_OFFSET = tl.constexpr(8192)
+from jax_mxfp4 import formats
+
+PAGE_BYTES = tl.constexpr(formats.PAGE_BYTES)
+SCALE_OFFSET = tl.constexpr(formats.PAGE_SCALE_OFFSET)
 FOLD_SHIFT = tl.constexpr(15)  # folded keys: a group at the reference byte is scaled by 2**15
 FOLD_BAND = tl.constexpr(32)  # binades of group scale below the reference byte in one dot
 BAND_STEP = tl.constexpr(2.0**-32)  # 2**-FOLD_BAND

@@ -157,7 +157,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         if p * 128 < ctx:
             page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p)
             if (page >= 0) & (page < P):
-                base = (page.to(tl.int64) * HKV + h) * 8704
+                base = (page.to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
                 m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
                                              v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
                                              acc, g_ok, USE_FP8, PV_DTYPE)

@@ -86,11 +86,11 @@ def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, out_ptr, T, H, P, ROUND: tl.c
     packed = _codes(lo, per) | (_codes(hi, per) << 4)
     page = slot.to(tl.int64) // 128
     off = slot.to(tl.int64) % 128
-    base = out_ptr + (page * H + h) * 8704
+    base = out_ptr + (page * H + h) * mxfp4.PAGE_BYTES
     tl.store(base[:, None] + off[:, None] * 64 + i[None, :], packed.to(tl.uint8),
              mask=ok[:, None])
     c = tl.arange(0, 4)
-    tl.store(base[:, None] + 8192 + off[:, None] * 4 + c[None, :], byte.to(tl.uint8),
+    tl.store(base[:, None] + mxfp4.SCALE_OFFSET + off[:, None] * 4 + c[None, :], byte.to(tl.uint8),
              mask=ok[:, None])
 
 
