@@ -33,7 +33,7 @@ import numpy as np
 import jax_mxfp4 as jm
 from jax_mxfp4._table import format_table
 from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.bench import index_inputs, random_pool
+from jax_mxfp4.bench_inputs import index_inputs, random_pool
 from jax_mxfp4.formats import PAGE_BYTES
 
 SM = 128**-0.5
