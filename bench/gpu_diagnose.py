@@ -91,7 +91,7 @@ def write_dedup_cost(tokens=(32, 4096, 16384), device: str = "cuda", timer=None)
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import write_cache as K
+    from jax_mxfp4.gpu.kernels import write_cache as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     for t in tokens:
@@ -99,9 +99,9 @@ def write_dedup_cost(tokens=(32, 4096, 16384), device: str = "cuda", timer=None)
         pool = torch.zeros((pages, 1, 8704), dtype=torch.uint8, device=device)
         x = torch.randn((t, 1, 128), device=device).to(torch.bfloat16)
         slots = torch.randperm(pages * 128, device=device)[:t].to(torch.int32)
-        kernel = K.write_cache_kernel[K.grid(t)]
+        kernel = kernels.write_cache_kernel[kernels.grid(t)]
         args = (pool, x, slots, pool, t, 1, pages)
-        times = [timer(functools.partial(kernel, *args, ROUND=0, ROWS=K.rows_per_program(t),
+        times = [timer(functools.partial(kernel, *args, ROUND=0, ROWS=kernels.rows_per_program(t),
                                          SCAN=256, DEDUP=dedup)) for dedup in (True, False)]
         print(f"write_cache {t} tokens: {times[0]:.1f} us with the last-writer scan, "
               f"{times[1]:.1f} us without")
@@ -113,7 +113,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import sparse_attention as K
+    from jax_mxfp4.gpu.kernels import sparse_attention as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
@@ -123,7 +123,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
                                      generator=gen)
     pool = pool.to(device)
     for rows in sizes:
-        plan = K.plan(rows, 16, 16, H200_SMS)
+        plan = kernels.plan(rows, 16, 16, H200_SMS)
         q = torch.randn((rows, 16, 128), generator=gen).to(torch.bfloat16).to(device)
         table = torch.randint(0, pages, (rows, 16), dtype=torch.int32, generator=gen).to(device)
         ctx = torch.full((rows,), 16 * 128, dtype=torch.int32, device=device)
@@ -133,7 +133,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
         l_ = torch.empty((parts,), dtype=torch.float32, device=device)
         times = []
         for warps in (4, 8):
-            kernel = K.attention_kernel[(rows, plan.splits, 1)]
+            kernel = kernels.attention_kernel[(rows, plan.splits, 1)]
             times.append(timer(functools.partial(
                 kernel, q, pool, pool, table, ctx, o, o, m, l_, 1, pages, 16, 128**-0.5,
                 G=16, GP=plan.gp, PAGES=plan.pages, SPLITS=plan.splits, Q_IS_FP8=False,
@@ -168,11 +168,11 @@ def _index_launch(plan, inputs: dict):
     rounded to e4m3, fp16 dots)."""
     import triton.language as tl
 
-    from jax_mxfp4.gpu.kernels import index_scores as K
+    from jax_mxfp4.gpu.kernels import index_scores as kernels
 
     a = inputs
     return functools.partial(
-        K.index_scores_kernel[plan.grid], a["q"], a["pool"], a["table"], a["pos"], a["req"],
+        kernels.index_scores_kernel[plan.grid], a["q"], a["pool"], a["table"], a["pos"], a["req"],
         a["out"], a["T"], a["B"], a["W"], a["P"], a["NB"], 1.0, H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True, USE_FP8=False, DOT_DTYPE=tl.float16,
         ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
@@ -189,14 +189,14 @@ def index_variants(device: str = "cuda", timer=None,
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import index_scores as K
+    from jax_mxfp4.gpu.kernels import index_scores as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
     for b, s, nb in shapes:
         inputs = _index_inputs(b, s, nb, -1, gen, device)
         t, pages = inputs["T"], inputs["P"]
-        base = K.plan(t, 1, b, nb, H200_SMS)
+        base = kernels.plan(t, 1, b, nb, H200_SMS)
         grid1 = (base.grid[0], nb, 1)
         variants = {"tensor cores": dataclasses.replace(base, blocks=1, grid=grid1,
                                                         one_row=False)}
@@ -226,15 +226,15 @@ def index_fold_variants(device: str = "cuda", timer=None,
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import index_scores as K
+    from jax_mxfp4.gpu.kernels import index_scores as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
     for b, s, nb, prefix in shapes:
         inputs = _index_inputs(b, s, nb, prefix, gen, device)
         t = inputs["T"]
-        plans = {"groups 64 rows": K.plan(t, 1, b, nb, foldable=False)}
-        planned = K.plan(t, 1, b, nb)
+        plans = {"groups 64 rows": kernels.plan(t, 1, b, nb, foldable=False)}
+        planned = kernels.plan(t, 1, b, nb)
         if planned.fold:
             rows = 64
             grid = (triton.cdiv(t, rows), planned.grid[1], 1)

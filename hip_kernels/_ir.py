@@ -373,17 +373,6 @@ def when(cond) -> Iterator[None]:
         scf.YieldOp([])
 
 
-def if_else(cond, types: Sequence[ir.Type], then_fn: Callable[[], Sequence],
-            else_fn: Callable[[], Sequence]) -> list:
-    """``then_fn() if cond else else_fn()`` for values of ``types``."""
-    op = scf.IfOp(raw(cond), list(types), has_else=True)
-    with ir.InsertionPoint(op.then_block):
-        scf.YieldOp([raw(v) for v in then_fn()])
-    with ir.InsertionPoint(op.else_block):
-        scf.YieldOp([raw(v) for v in else_fn()])
-    return list(op.results)
-
-
 def loop(lower, upper, init: Sequence, body: Callable[[ir.Value, list], Sequence]) -> list:
     """``for i in range(lower, upper)`` (i32 bounds, step 1) carrying ``init`` values;
     ``body(i, carried) -> new carried``. Returns the final carried values."""

@@ -128,11 +128,6 @@ def unpack_e2m1(packed: jnp.ndarray) -> jnp.ndarray:
     return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
-def e2m1_to_f32(codes: jnp.ndarray) -> jnp.ndarray:
-    """e2m1 codes -> their fp32 values (unscaled)."""
-    return jnp.asarray(E2M1_VALUES)[codes.astype(jnp.int32)]
-
-
 def quantize_mxfp4(
     x: jnp.ndarray, *, round_mode: RoundMode = "up"
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -289,7 +284,6 @@ __all__ = [
     "TOKEN_SCALE_BYTES",
     "dequantize_mxfp4",
     "dequantize_mxfp8",
-    "e2m1_to_f32",
     "mxfp4_f32_bits",
     "mxfp4_scale_byte",
     "mxfp8_scale_byte",

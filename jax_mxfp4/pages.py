@@ -52,15 +52,6 @@ def split_pages(pages: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     return data, scales
 
 
-def join_pages(data: jnp.ndarray, scales: jnp.ndarray) -> jnp.ndarray:
-    """Inverse of :func:`split_pages`."""
-    lead = data.shape[:-2]
-    scale_bytes = PAGE_BYTES - PAGE_SCALE_OFFSET
-    return jnp.concatenate(
-        [data.reshape(*lead, PAGE_SCALE_OFFSET), scales.reshape(*lead, scale_bytes)], axis=-1
-    )
-
-
 def dequantize_pool(pool: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
     """Every token of every page: ``[P, 128, D]`` or ``[P, Hkv, 128, D]`` in ``dtype``."""
     pool = jnp.asarray(pool)

@@ -3,7 +3,7 @@
 Run as a script by ``test_triton_interpreter.py`` (``TRITON_INTERPRET=1`` must be set before
 the kernels are decorated, so it needs a process of its own). Only kernels without ``tl.dot``
 and without in-kernel e4m3 rounding are checked here: the interpreter's fp16 dots are not
-exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (checked 2026-11-29, triton
+exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (checked with triton
 3.6.0). Prints one ``ok <name>`` line per check; raises on a mismatch.
 """
 

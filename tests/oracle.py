@@ -236,13 +236,6 @@ def dequant_pool(pool) -> np.ndarray:
     return dequant_mxfp4(data, scales)
 
 
-def token_rows(pool, slots) -> tuple[np.ndarray, np.ndarray]:
-    """(packed [T, (Hkv,) 64], scales [T, (Hkv,) 4]) stored at ``slots`` (all in range)."""
-    data, scales = split_pool(pool)
-    slots = np.asarray(slots).astype(np.int64)
-    return data[slots // 128, ..., slots % 128, :], scales[slots // 128, ..., slots % 128, :]
-
-
 # --------------------------------------------------------------------------------------------
 # Query rows (SPEC §2.2, §15.11)
 # --------------------------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """MXFP4 / MXFP8 codecs (SPEC §1, §15.1, §15.10, §15.12) against the float64 oracle.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   * formats.mxfp4_f32_bits: e8m0 byte 0 decoded as 0 instead of 2**-127
     -> test_dequantize_every_byte [4], test_subnormal_inputs [8].

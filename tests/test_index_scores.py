@@ -8,10 +8,9 @@ in another order legitimately differs from the correctly rounded sum, by up to ~
 cancelled score (measured), so the bound is 2 ulp of the score's magnitude (max over live
 tokens of sum |q_d k_d|, times the folded scale); measured worst case 1 ulp.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   * token scale exponent + 1 (every key doubled) -> test_scores_exact_per_token_scales [16],
     test_scores_ragged_prefill [18], test_scores_decode [18], test_sm_scale [4],

@@ -1,7 +1,7 @@
 """``slot_mapping`` and ``write_kv_cache`` (SPEC §3): rows to cache slots, and one step's K, V
 and index K written into their three caches, against a plain loop and the float64 oracle.
 
-Mutation checks (applied to the package one at a time, 2026-11-29, and seen failing):
+Mutation checks (applied to the package one at a time and seen failing):
   * slot_mapping: blocks past the table width clamped onto the last block (what the demo's
     hand-written slots did) -> test_slot_mapping_matches_a_loop.
   * slot_mapping: negative pages kept -> test_slot_mapping_matches_a_loop.

@@ -1,10 +1,9 @@
 """Paged pools: write_cache, dequantize_pool, prefill_rows, decode_rows (SPEC §2, §3, §15.6,
 §15.10, §15.11) against the float64 oracle and hand-computed expectations.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   * reference write_cache: scale bytes at 8192 + off*4 + 1 -> test_write_cache_matches_oracle
     [24], test_round_trip [4], default_round_mode [2], int64_slots_beyond_int32 [2], and

@@ -3,10 +3,9 @@
 Shapes are fixed (only contents and static options vary) so that each property compiles a
 handful of executables; ``max_examples`` stays modest to keep the suite fast.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   * write_cache: scale bytes at +1, negative slots not skipped, slots >= P*128 clamped onto
     the last page -> test_write_read_round_trip (each).

@@ -28,10 +28,11 @@ pytest.importorskip("triton")
 from jax_mxfp4.hip_kernels import abi
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch as L
+from jax_mxfp4.gpu import launch
 from jax_mxfp4.scaling import folded_score_scale
 
-KIND = {"pointer": (L.BUFFER, L.NULL), "i32": (L.I32,), "f32": (L.F32,), "i64": (L.I64,)}
+KIND = {"pointer": (launch.BUFFER, launch.NULL), "i32": (launch.I32,), "f32": (launch.F32,),
+        "i64": (launch.I64,)}
 
 i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
 bf16 = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)  # noqa: E731
@@ -100,7 +101,7 @@ def _string(attrs: str, name: str) -> str:
 
 def launches(text: str) -> list[str]:
     """The attribute dictionaries of the launcher custom calls, in program order."""
-    return re.findall(r"stablehlo\.custom_call @" + L.TARGET + r"\(.*?mhlo\.backend_config = "
+    return re.findall(r"stablehlo\.custom_call @" + launch.TARGET + r"\(.*?mhlo\.backend_config = "
                       r"\{(.*?)\}, operand_layouts", text)
 
 
@@ -137,15 +138,15 @@ def test_gfx950_lowers_to_the_flydsl_code_objects(rocm, built, name):
         got = {}
         for slot, kind, value in zip(layout, kinds, values, strict=True):
             assert kind in KIND[slot.kind], (symbol, slot)
-            if kind == L.F32:
+            if kind == launch.F32:
                 got[slot.name] = struct.unpack("<f", struct.pack("<I", value))[0]
-            elif kind != L.BUFFER and kind != L.NULL:
+            elif kind != launch.BUFFER and kind != launch.NULL:
                 got[slot.name] = value
         for k, v in scalars.items():
             want = float(np.float32(v)) if isinstance(v, float | np.floating) else v
             assert got[k] == want, (symbol, k, got[k], want)
         if co.spec.op in ("index_scores", "sparse_attention"):  # operands in pointer order
-            assert kinds[:5] == [L.BUFFER] * 5 and values[:5] == [0, 1, 2, 3, 4]
+            assert kinds[:5] == [launch.BUFFER] * 5 and values[:5] == [0, 1, 2, 3, 4]
         if co.spec.op == "write_cache":  # the pool result (aliased to operand 0), x, slots
             assert values[:3] == [3, 1, 2]
 
@@ -153,12 +154,12 @@ def test_gfx950_lowers_to_the_flydsl_code_objects(rocm, built, name):
 def test_mxfp8_direct_passes_the_scale_result_and_bf16_direct_none(rocm, built):
     fn, args, _ = _cases()["attention_direct_mxfp8"]
     (attrs,) = launches(lower_for_rocm(fn, args))
-    assert _dense(attrs, "param_kinds")[5:7] == [L.BUFFER, L.BUFFER]
+    assert _dense(attrs, "param_kinds")[5:7] == [launch.BUFFER, launch.BUFFER]
     assert _dense(attrs, "param_values")[5:7] == [5, 6]
     bf16_fn = lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE)  # noqa: E731
     (attrs,) = launches(lower_for_rocm(bf16_fn, args))
     assert _string(attrs, "symbol") == "jax_mxfp4_sparse_attention_qe4m3_g16_bf16_direct"
-    assert _dense(attrs, "param_kinds")[5:7] == [L.BUFFER, L.NULL]
+    assert _dense(attrs, "param_kinds")[5:7] == [launch.BUFFER, launch.NULL]
 
 
 def _symbols(text: str) -> list[str]:

@@ -1,9 +1,8 @@
 """select_blocks (SPEC §6, §15.8, §15.11) against the float64 oracle, exactly.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   * NaN scores keyed +1e30 instead of -1e30 -> test_matches_oracle [36], test_hand_computed
     [2], test_no_local_blocks [2], test_properties::test_topk_invariants.

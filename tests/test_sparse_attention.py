@@ -9,10 +9,9 @@ Known package bug (left failing on purpose): under jax.jit on XLA:CPU the refere
 q_scale is 1 ulp off and exact e4m3 ties of q / q_scale round the wrong way
 -> test_query_normalization_ties[reference] and test_peaked_softmax[reference] fail.
 
-Mutation check: each mutation below was applied to a scratch copy of the package
-(cp of /work/main to /tmp/mut, one edit at a time, pytest run there; 2026-11-29) and the
-tests named after it failed (count of failing parametrizations in brackets; the listed
-tests are those that failed, not just the ones meant to catch it).
+Mutation check: each mutation below was applied to a copy of the package, one edit at a
+time, and the tests named after it failed (count of failing parametrizations in brackets;
+the listed tests are those that failed, not just the ones meant to catch it).
 
   (test_query_normalization_ties[reference/public] failed before every mutation here, see
   above, and is left out of these lists.)
@@ -30,7 +29,7 @@ tests are those that failed, not just the ones meant to catch it).
   * sm_scale applied twice -> test_matches_oracle [24], test_extreme_scales [2] and more.
   * MXFP8 output quantized from a transposed (not row-major) view -> test_mxfp8_output [4].
   * the reference's weights divided by their sum after the PV einsum, not before (edited in
-    place, then restored; 2026-11-29, third session) -> test_pv_range[reference] (inf).
+    place, then restored) -> test_pv_range[reference] (inf).
   (The MXFP8 scale-threshold mutation is caught by test_formats, not here: random attention
   outputs almost never have a block amax with mantissa exactly 1.75.)
 """

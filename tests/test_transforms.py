@@ -87,7 +87,7 @@ def _assert_same(actual, expected, bf16_ulps=0):
             np.testing.assert_array_equal(a, e)
 
 
-def _check_vmap(fn, problems, batched, op_name, in_axis=0):
+def _check_vmap(fn, problems, batched, in_axis=0):
     """vmap(fn) over ``problems`` with only the arguments in ``batched`` mapped equals the
     per-problem loop; unbatched arguments are taken from problem 0."""
     stacked = _stack(problems)
@@ -110,12 +110,12 @@ def _check_vmap(fn, problems, batched, op_name, in_axis=0):
 @pytest.mark.parametrize("batched", [(0,), (1,), (2,), (3, 4), (0, 1, 2, 3, 4)])
 def test_vmap_index_scores(rng, batched):
     problems = [_index_problem(rng) for _ in range(N)]
-    _check_vmap(_scores, problems, batched, "mxfp4_index_scores")
+    _check_vmap(_scores, problems, batched)
 
 
 def test_vmap_index_scores_axis_1(rng):
     problems = [_index_problem(rng) for _ in range(N)]
-    _check_vmap(_scores, problems, (0, 1, 2), "mxfp4_index_scores", in_axis=1)
+    _check_vmap(_scores, problems, (0, 1, 2), in_axis=1)
 
 
 @pytest.mark.parametrize("batched", [(0,), (1,), (0, 1, 2, 3)])
@@ -125,13 +125,13 @@ def test_vmap_select_blocks(rng, batched):
         q, pool, table, positions, requests = _index_problem(rng)
         problems.append([_scores(q, pool, table, positions, requests), table, positions,
                          requests])
-    _check_vmap(_select, problems, batched, "mxfp4_select_blocks")
+    _check_vmap(_select, problems, batched)
 
 
 @pytest.mark.parametrize("batched", [(0,), (1, 2), (3, 4), (0, 1, 2, 3, 4)])
 def test_vmap_sparse_attention(rng, batched):
     problems = [_attention_problem(rng) for _ in range(N)]
-    _check_vmap(_attend, problems, batched, "mxfp4_sparse_attention")
+    _check_vmap(_attend, problems, batched)
 
 
 @pytest.mark.parametrize("batched", [(0,), (1, 2), (0, 1, 2)], ids=["pool", "rows", "all"])
@@ -142,7 +142,7 @@ def test_vmap_write_cache(rng, batched):
         x = jnp.asarray(rng.standard_normal((20, 2, 128)), jnp.float32)
         slots = jnp.asarray(rng.integers(-3, 4 * 128 + 3, 20), jnp.int32)
         problems.append([pool, x, slots])
-    _check_vmap(jm.write_cache, problems, batched, "mxfp4_write_cache")
+    _check_vmap(jm.write_cache, problems, batched)
 
 
 def test_nested_vmap(rng):

@@ -1,6 +1,6 @@
 """The GPU kernels' decoding and one-row scoring checked on the CPU by Triton's interpreter
 (``interpreted_kernels.py``, in a process of its own), so CI catches a wrong decode without a
-GPU. Mutations (2026-11-29): swapping the inner joins of ``mxfp4.words_fp32`` (elements of
+GPU. Mutations: swapping the inner joins of ``mxfp4.words_fp32`` (elements of
 each word trade places) fails the page check (36 % of the elements differ); scaling the
 one-row scorer's groups by ``2**7`` instead of ``2**8`` fails the scoring check (every live
 score differs)."""

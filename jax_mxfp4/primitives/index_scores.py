@@ -10,7 +10,7 @@ from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import PAGE_BYTES
 from jax_mxfp4.lowering import CpuHandler, flydsl, triton
-from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives import _batching as batch
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
 from jax_mxfp4.scaling import folded_score_scale
@@ -27,19 +27,19 @@ def _abstract_eval(q, index_pool, block_table, positions, requests, *, num_block
 def _batching_rule(bind, args, dims, **params):
     """Fold the vmapped axis into rows; a batched pool becomes one pool of N*P pages and a
     batched (or per-pool) block table one table of N*B requests, ids offset per problem."""
-    n, (q, pool, table, positions, requests) = B.all_to_front(args, dims)
-    pool_batched, table_batched = B.is_batched(dims[1]), B.is_batched(dims[2])
+    n, (q, pool, table, positions, requests) = batch.all_to_front(args, dims)
+    pool_batched, table_batched = batch.is_batched(dims[1]), batch.is_batched(dims[2])
     if pool_batched:
-        table = B.offset_ids(table, pool.shape[1])
-        pool = B.fold(pool)
+        table = batch.offset_ids(table, pool.shape[1])
+        pool = batch.fold(pool)
     else:
         pool = pool[0]
     if pool_batched or table_batched:
-        requests = B.offset_ids(requests, table.shape[1])
-        table = B.fold(table)
+        requests = batch.offset_ids(requests, table.shape[1])
+        table = batch.fold(table)
     else:
         table = table[0]
-    scores = bind(B.fold(q), pool, table, B.fold(positions), B.fold(requests), **params)
+    scores = bind(batch.fold(q), pool, table, batch.fold(positions), batch.fold(requests), **params)
     num_heads, _, num_blocks = scores.shape
     return scores.reshape(num_heads, n, -1, num_blocks), 1
 

@@ -9,7 +9,7 @@ from jax.core import ShapedArray
 from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import current_config
 from jax_mxfp4.lowering import CpuHandler, triton
-from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives import _batching as batch
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
 from jax_mxfp4.selection import SparseSelection
@@ -30,15 +30,15 @@ def _abstract_eval(scores, block_table, positions, requests, *, topk, init_block
 
 def _batching_rule(bind, args, dims, **params):
     """Fold the vmapped axis into rows; a batched table becomes one table of N*B requests."""
-    n, (scores, table, positions, requests) = B.all_to_front(args, dims)
-    if B.is_batched(dims[1]):
-        requests = B.offset_ids(requests, table.shape[1])
-        table = B.fold(table)
+    n, (scores, table, positions, requests) = batch.all_to_front(args, dims)
+    if batch.is_batched(dims[1]):
+        requests = batch.offset_ids(requests, table.shape[1])
+        table = batch.fold(table)
     else:
         table = table[0]
     scores = jnp.moveaxis(scores, 0, 1)  # [H, N, T, NB]
     scores = scores.reshape(scores.shape[0], -1, scores.shape[-1])
-    ids, pages, context = bind(scores, table, B.fold(positions), B.fold(requests), **params)
+    ids, pages, context = bind(scores, table, batch.fold(positions), batch.fold(requests), **params)
     num_heads, _, topk = ids.shape
     return (
         [ids.reshape(num_heads, n, -1, topk), pages.reshape(n, -1, num_heads, topk),

@@ -12,7 +12,7 @@ from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import MX_BLOCK
 from jax_mxfp4.lowering import CpuHandler, flydsl, triton
-from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives import _batching as batch
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids, compound
 
@@ -32,13 +32,13 @@ def _abstract_eval(q, k_pool, v_pool, page_table, context_lens, *, sm_scale, out
 def _batching_rule(bind, args, dims, **params):
     """Fold the vmapped axis into rows; batched pools become pools of N*P pages with the page
     table's ids offset per problem."""
-    n, (q, k_pool, v_pool, pages, context) = B.all_to_front(args, dims)
-    if B.is_batched(dims[1]) or B.is_batched(dims[2]):
-        pages = B.offset_ids(pages, k_pool.shape[1])
-        k_pool, v_pool = B.fold(k_pool), B.fold(v_pool)
+    n, (q, k_pool, v_pool, pages, context) = batch.all_to_front(args, dims)
+    if batch.is_batched(dims[1]) or batch.is_batched(dims[2]):
+        pages = batch.offset_ids(pages, k_pool.shape[1])
+        k_pool, v_pool = batch.fold(k_pool), batch.fold(v_pool)
     else:
         k_pool, v_pool = k_pool[0], v_pool[0]
-    outs = bind(B.fold(q), k_pool, v_pool, B.fold(pages), B.fold(context), **params)
+    outs = bind(batch.fold(q), k_pool, v_pool, batch.fold(pages), batch.fold(context), **params)
     return [o.reshape(n, -1, *o.shape[1:]) for o in outs], [0] * len(outs)
 
 

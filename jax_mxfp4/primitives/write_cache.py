@@ -10,7 +10,7 @@ from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import PAGE_TOKENS, ROUND_MODE_CODES
 from jax_mxfp4.lowering import CpuHandler, flydsl, triton
-from jax_mxfp4.primitives import _batching as B
+from jax_mxfp4.primitives import _batching as batch
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
 
@@ -28,10 +28,10 @@ def _abstract_eval(pool, x, slots, *, round_mode):
 def _batching_rule(bind, args, dims, **params):
     """Fold the vmapped axis into pages and rows: N pools become one of N*P pages and each
     problem's slots are offset into its own pages (a slot outside its pool stays skipped)."""
-    n, (pool, x, slots) = B.all_to_front(args, dims)
+    n, (pool, x, slots) = batch.all_to_front(args, dims)
     num_pages = pool.shape[1]
-    slots = B.offset_ids(slots, num_pages * PAGE_TOKENS)
-    out = bind(B.fold(pool), B.fold(x), B.fold(slots), **params)
+    slots = batch.offset_ids(slots, num_pages * PAGE_TOKENS)
+    out = bind(batch.fold(pool), batch.fold(x), batch.fold(slots), **params)
     return out.reshape(n, num_pages, *out.shape[1:]), 0
 
 

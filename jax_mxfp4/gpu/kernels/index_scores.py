@@ -180,16 +180,13 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     relative scales exactly).
 
     A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
-    a 16-row tensor-core tile would be 15/16 padding (H200, b32 S1 ctx 128K, side by side:
-    327 us on the tensor cores, 139 us on the CUDA cores). Decode-shaped tiles (under 64 dot
-    rows) take one block per program: tens of thousands of small programs, none waiting on a
-    page for another block (2 or 4 blocks per one-row program, sharing the query's
-    preparation, took 163 and 174 us), and four group dots: folded keys made them slower
-    (b8 S4 ctx 128K: 90 -> 105 us). Prefill-shaped tiles (64 dot rows and more, warpgroup
-    dots) take folded keys, one accumulator, which lets a tile hold 128 rows (four rescaled
-    group dots spilled there): b1 q4096 ctx 8K, side by side, 127 us on 64-row group-dot
-    tiles, 115 us on 64-row folded tiles, 79 us on 128-row folded tiles. They take a few
-    blocks per program, reusing the loaded query tile, while the grid keeps two waves.
+    a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
+    take one block per program (tens of thousands of small programs, none waiting on a page
+    for another block) and four group dots, which measured faster than folded keys there.
+    Prefill-shaped tiles (64 dot rows and more, warpgroup dots) take folded keys, one
+    accumulator, which lets a tile hold 128 rows (four rescaled group dots spilled there), and
+    a few blocks per program, reusing the loaded query tile, while the grid keeps two waves.
+    The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
     rows = min(triton.next_power_of_2(per_request), max(1, (128 if foldable else 64) // num_heads))

@@ -13,9 +13,9 @@ dot per page and one exponent for the page, applied to each row's maximum.
 
 Where no tensor-core operand is built (V pages before their bf16 widening, one-row index
 scoring on the CUDA cores), 32-bit code words are decoded two elements at a time into fp16
-pairs and widened to fp32 (:func:`words_fp32`). The same fp16 decode feeding the dots was
-measured slower on the H200 (16-bit elements through shared memory on the way to the dot's
-operand layout, against 8-bit e4m3 bytes).
+pairs and widened to fp32 (:func:`words_fp32`). The dots take e4m3 bytes instead: the same
+fp16 decode feeding them moves 16-bit elements through shared memory on the way to the dot's
+operand layout (measured slower: bench/RESULTS.md).
 
 Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
 nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.

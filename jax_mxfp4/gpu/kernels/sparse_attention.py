@@ -183,8 +183,8 @@ def _split_weight(m_ptr, l_ptr, part, safe_m):
 def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
                   GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr):
     """Merge the split partials of row ``program_id(0)`` and store the final output. The
-    splits stream through one ``[GP, 128]`` accumulator (a ``[SPLITS, GP, 128]`` tile spills
-    its registers: 12 us for one row, against 3 us streamed, on the H200)."""
+    splits stream through one ``[GP, 128]`` accumulator: a ``[SPLITS, GP, 128]`` tile spills
+    its registers."""
     r = tl.program_id(0)
     t = r // HKV
     h = r % HKV
