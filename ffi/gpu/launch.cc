@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu/driver.h"
+#include "gpu/emulated.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -327,44 +328,38 @@ ffi::Error CopyUnaliased(const Driver& d, void* stream, const LaunchState& state
   return ffi::Error::Success();
 }
 
-// Packs the kernel parameters on the stack and launches: no allocation, no synchronization,
-// no host-to-device copy, no change of the current device.
-ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets) {
-  if (state == nullptr) return Fail("no launch state (the instantiate stage did not run)");
-  if (state->grid[0] == 0 || state->grid[1] == 0 || state->grid[2] == 0) {
-    return ffi::Error::Success();
+// The address of buffer `index` of (operands..., results...).
+ffi::ErrorOr<void*> BufferAddress(const LaunchState& state, ffi::RemainingArgs& args,
+                                  ffi::RemainingRets& rets, int64_t index) {
+  if (index < state.num_args) {
+    auto buffer = args.get<ffi::AnyBuffer>(index);
+    if (buffer.has_error()) return ffi::Unexpected(buffer.error());
+    return buffer->untyped_data();
   }
-  void* function = (device >= 0 && device < kMaxDevices)
-                       ? state->functions[device].load(std::memory_order_acquire)
-                       : nullptr;
-  if (function == nullptr) {
-    return Fail("kernel '" + state->symbol + "' is not loaded on device " +
-                std::to_string(device) + " (the initialize stage did not run there)");
-  }
-  if (static_cast<int64_t>(args.size()) != state->num_args ||
-      static_cast<int64_t>(rets.size()) != state->num_rets) {
+  auto buffer = rets.get<ffi::AnyBuffer>(index - state.num_args);
+  if (buffer.has_error()) return ffi::Unexpected(buffer.error());
+  return (*buffer)->untyped_data();
+}
+
+// Packs the kernel parameters into `storage` (one 8-byte slot each: a buffer's address, an
+// i32 or f32 bit pattern in the low bytes, an i64, or zero for a null pointer) and points
+// `params[i]` at slot i, the form both drivers' launch calls take.
+ffi::Error PackParams(const LaunchState& state, ffi::RemainingArgs& args,
+                      ffi::RemainingRets& rets, uint64_t* storage, void** params) {
+  if (static_cast<int64_t>(args.size()) != state.num_args ||
+      static_cast<int64_t>(rets.size()) != state.num_rets) {
     return Fail("operand or result count differs from the instantiated call");
   }
-  const int64_t n = static_cast<int64_t>(state->kinds.size());
-  void* params[kMaxParams];
-  uint64_t storage[kMaxParams];
+  const int64_t n = static_cast<int64_t>(state.kinds.size());
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t v = state->values[i];
+    const int64_t v = state.values[i];
     storage[i] = 0;
-    switch (state->kinds[i]) {
+    switch (state.kinds[i]) {
       case kBuffer: {
-        void* ptr = nullptr;
-        if (v < state->num_args) {
-          auto buffer = args.get<ffi::AnyBuffer>(v);
-          if (buffer.has_error()) return buffer.error();
-          ptr = buffer->untyped_data();
-        } else {
-          auto buffer = rets.get<ffi::AnyBuffer>(v - state->num_args);
-          if (buffer.has_error()) return buffer.error();
-          ptr = (*buffer)->untyped_data();
-        }
-        std::memcpy(&storage[i], &ptr, sizeof ptr);
+        auto ptr = BufferAddress(state, args, rets, v);
+        if (ptr.has_error()) return ptr.error();
+        void* address = *ptr;
+        std::memcpy(&storage[i], &address, sizeof address);
         break;
       }
       case kI32: {
@@ -385,6 +380,27 @@ ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::Remain
     }
     params[i] = &storage[i];
   }
+  return ffi::Error::Success();
+}
+
+// Packs the kernel parameters on the stack and launches: no allocation, no synchronization,
+// no host-to-device copy, no change of the current device.
+ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets) {
+  if (state == nullptr) return Fail("no launch state (the instantiate stage did not run)");
+  if (state->grid[0] == 0 || state->grid[1] == 0 || state->grid[2] == 0) {
+    return ffi::Error::Success();
+  }
+  void* function = (device >= 0 && device < kMaxDevices)
+                       ? state->functions[device].load(std::memory_order_acquire)
+                       : nullptr;
+  if (function == nullptr) {
+    return Fail("kernel '" + state->symbol + "' is not loaded on device " +
+                std::to_string(device) + " (the initialize stage did not run there)");
+  }
+  void* params[kMaxParams];
+  uint64_t storage[kMaxParams];
+  if (ffi::Error e = PackParams(*state, args, rets, storage, params); e.failure()) return e;
   std::string error;
   const Driver* d = LoadDriver(state->platform, &error);  // already loaded: no dlopen here
   if (d == nullptr) return Fail(error);
@@ -395,6 +411,67 @@ ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::Remain
   if (c != 0) {
     return Fail(DriverError(*d, ("launching kernel '" + state->symbol + "'").c_str(), c));
   }
+  return ffi::Error::Success();
+}
+
+// The CPU form of the launcher (the emulated ROCm backends): the same attributes, decoded and
+// checked by the same code, the same parameter packing, then the launch handed to the emulator
+// (emulated.h) over the host buffers XLA gave the call. Where XLA gave an aliased pair two
+// buffers, the operand is copied into the result first, as on the GPU.
+ffi::Error ExecuteEmulated(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view code,
+                           int64_t code_size, std::string_view code_hash,
+                           std::string_view symbol, ffi::Span<const int64_t> grid,
+                           ffi::Span<const int64_t> block, int64_t shared_mem,
+                           ffi::Span<const int32_t> param_kinds,
+                           ffi::Span<const int64_t> param_values,
+                           ffi::Span<const int64_t> aliases) {
+  LaunchState state;
+  state.platform = Platform::kRocm;
+  state.num_args = static_cast<int64_t>(args.size());
+  state.num_rets = static_cast<int64_t>(rets.size());
+  if (ffi::Error e = DecodeCode({code, code_size, code_hash, symbol}, state); e.failure()) {
+    return e;
+  }
+  if (ffi::Error e = CheckLaunchShape(grid, block, shared_mem, state); e.failure()) return e;
+  if (ffi::Error e = CheckParams(param_kinds, param_values, state); e.failure()) return e;
+  if (ffi::Error e = CheckAliases(aliases, state); e.failure()) return e;
+  for (const auto& [arg, ret] : state.aliases) {
+    auto src = args.get<ffi::AnyBuffer>(arg);
+    if (src.has_error()) return src.error();
+    auto dst = rets.get<ffi::AnyBuffer>(ret);
+    if (dst.has_error()) return dst.error();
+    if (src->untyped_data() != (*dst)->untyped_data()) {
+      std::memcpy((*dst)->untyped_data(), src->untyped_data(), src->size_bytes());
+    }
+  }
+  if (state.grid[0] == 0 || state.grid[1] == 0 || state.grid[2] == 0) {
+    return ffi::Error::Success();
+  }
+  void* params[kMaxParams];
+  uint64_t storage[kMaxParams];
+  if (ffi::Error e = PackParams(state, args, rets, storage, params); e.failure()) return e;
+  EmulatedLaunch launch;
+  launch.image = &state.image;
+  launch.symbol = state.symbol;
+  launch.grid = {state.grid[0], state.grid[1], state.grid[2]};
+  launch.block = {state.block[0], state.block[1], state.block[2]};
+  launch.shared = state.shared;
+  launch.kinds = state.kinds;
+  launch.slots.assign(storage, storage + state.kinds.size());
+  for (int64_t i = 0; i < state.num_args + state.num_rets; ++i) {
+    auto ptr = BufferAddress(state, args, rets, i);
+    if (ptr.has_error()) return ptr.error();
+    const bool result = i >= state.num_args;
+    size_t bytes = 0;
+    if (result) {
+      bytes = (*rets.get<ffi::AnyBuffer>(i - state.num_args))->size_bytes();
+    } else {
+      bytes = args.get<ffi::AnyBuffer>(i)->size_bytes();
+    }
+    launch.buffers.push_back({reinterpret_cast<uint64_t>(*ptr), bytes, result});
+  }
+  const std::string why = RunEmulator(launch);
+  if (!why.empty()) return Fail("emulated launch of '" + state.symbol + "': " + why);
   return ffi::Error::Success();
 }
 
@@ -460,6 +537,20 @@ XLA_FFI_DEFINE_HANDLER(RocmInstantiateTyped, jg::Instantiate<jg::Platform::kRocm
 XLA_FFI_DEFINE_HANDLER(InitializeTyped, jg::Initialize, JAX_MXFP4_INITIALIZE_BINDING);
 XLA_FFI_DEFINE_HANDLER(ExecuteTyped, jg::Execute, JAX_MXFP4_EXECUTE_BINDING,
                        {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(EmulatedTyped, jg::ExecuteEmulated,
+                       xla::ffi::Ffi::Bind()
+                           .RemainingArgs()
+                           .RemainingRets()
+                           .Attr<std::string_view>("code")
+                           .Attr<int64_t>("code_size")
+                           .Attr<std::string_view>("code_hash")
+                           .Attr<std::string_view>("symbol")
+                           .Attr<xla::ffi::Span<const int64_t>>("grid")
+                           .Attr<xla::ffi::Span<const int64_t>>("block")
+                           .Attr<int64_t>("shared_mem")
+                           .Attr<xla::ffi::Span<const int32_t>>("param_kinds")
+                           .Attr<xla::ffi::Span<const int64_t>>("param_values")
+                           .Attr<xla::ffi::Span<const int64_t>>("aliases"));
 
 extern "C" {
 
@@ -479,5 +570,6 @@ XLA_FFI_Error* JaxMxfp4RocmLaunchInitialize(XLA_FFI_CallFrame* frame) {
 }
 XLA_FFI_Error* JaxMxfp4CudaLaunchExecute(XLA_FFI_CallFrame* frame) { return ExecuteTyped(frame); }
 XLA_FFI_Error* JaxMxfp4RocmLaunchExecute(XLA_FFI_CallFrame* frame) { return ExecuteTyped(frame); }
+XLA_FFI_Error* JaxMxfp4EmulatedLaunch(XLA_FFI_CallFrame* frame) { return EmulatedTyped(frame); }
 
 }  // extern "C"

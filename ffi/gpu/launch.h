@@ -32,6 +32,9 @@ XLA_FFI_Error* JaxMxfp4CudaLaunchExecute(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxMxfp4RocmLaunchInstantiate(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxMxfp4RocmLaunchInitialize(XLA_FFI_CallFrame* frame);
 XLA_FFI_Error* JaxMxfp4RocmLaunchExecute(XLA_FFI_CallFrame* frame);
+// The CPU form (one execute stage): the same attributes, launched in the CDNA emulator
+// (emulated.h) instead of on a device; what the emulated ROCm backends register for "cpu".
+XLA_FFI_Error* JaxMxfp4EmulatedLaunch(XLA_FFI_CallFrame* frame);
 }
 
 namespace jax_mxfp4::gpu {

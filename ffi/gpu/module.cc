@@ -1,12 +1,19 @@
 // The Python extension module jax_mxfp4._ffi_gpu: `registrations()` gives, per platform
 // ("CUDA", "ROCM"), a dict from FFI stage name to a PyCapsule of the launcher's handler for
 // that stage, which jax_mxfp4/gpu/launch.py passes to jax.ffi.register_ffi_target.
-// `cache_stats()` reports the module cache's counters (launch.h). Importing this module opens
-// no GPU library: the driver is found with dlopen when a kernel is first instantiated.
+// `cache_stats()` reports the module cache's counters (launch.h). `emulated_handler()` is the
+// launcher's CPU form (a capsule for platform "cpu") and `set_emulator(callable)` installs the
+// Python CDNA emulator it hands launches to (emulated.h). Importing this module opens no GPU
+// library: the driver is found with dlopen when a kernel is first instantiated.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "gpu/emulated.h"
 #include "gpu/launch.h"
+
+namespace jax_mxfp4::gpu {
+void SetEmulator(PyObject* callable);
+}  // namespace jax_mxfp4::gpu
 
 namespace {
 
@@ -59,10 +66,27 @@ PyObject* CacheStats(PyObject*, PyObject*) {
                        static_cast<long long>(s.instantiated_without_device));
 }
 
+PyObject* EmulatedHandler(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(JaxMxfp4EmulatedLaunch), nullptr, nullptr);
+}
+
+PyObject* SetEmulator(PyObject*, PyObject* callable) {
+  if (callable != Py_None && !PyCallable_Check(callable)) {
+    PyErr_SetString(PyExc_TypeError, "set_emulator takes a callable or None");
+    return nullptr;
+  }
+  jax_mxfp4::gpu::SetEmulator(callable == Py_None ? nullptr : callable);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"registrations", Registrations, METH_NOARGS,
      "Dict platform -> dict of FFI stage -> PyCapsule of the GPU launcher."},
     {"cache_stats", CacheStats, METH_NOARGS, "Counters of the launcher's module cache."},
+    {"emulated_handler", EmulatedHandler, METH_NOARGS,
+     "PyCapsule of the launcher's CPU form, which runs launches in the installed emulator."},
+    {"set_emulator", SetEmulator, METH_O,
+     "Install the callable that emulates launches (None removes it)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

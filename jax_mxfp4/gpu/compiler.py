@@ -74,6 +74,7 @@ class Compiled:
     warp_size: int
     param_types: tuple[str, ...]  # the runtime args, then the Triton scratch pointers
     code_hash: str
+    isa: str = ""  # the AMDGPU assembly of a ROCm code object (what the CDNA emulator runs)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -95,6 +96,7 @@ def _key(spec: KernelSpec, target: Target) -> str:
             "options": [spec.num_warps, spec.num_stages],
             "target": [target.backend, str(target.arch), target.warp_size],
             "triton": triton.__version__,
+            "cache_format": 2,  # entries carry the ROCm assembly (Compiled.isa)
         },
         sort_keys=True,
     )
@@ -143,6 +145,7 @@ def _triton_compile(spec: KernelSpec, target: Target) -> Compiled:
         code=bytes(code), symbol=md.name, shared_mem=int(md.shared), num_warps=md.num_warps,
         warp_size=target.warp_size, param_types=params,
         code_hash=hashlib.sha256(bytes(code)).hexdigest(),
+        isa=kernel.asm.get("amdgcn", "") if target.backend == "hip" else "",
     )
 
 

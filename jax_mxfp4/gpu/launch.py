@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
+import hashlib
 import struct
 import zlib
 from collections.abc import Sequence
@@ -129,15 +130,33 @@ def register_gpu_targets() -> frozenset[str]:
     return _load_launcher()[0]
 
 
+_emulator: list = []  # the installed emulator callable (at most one)
+
+
+def register_emulator(emulate) -> None:
+    """Register the launcher's CPU form for platform "cpu" (once per process) and hand its
+    launches to ``emulate(image, symbol, grid, block, shared, params, buffers)``
+    (``ffi/gpu/emulated.h`` says what each holds), replacing any emulator installed before."""
+    from jax_mxfp4 import _ffi_gpu
+
+    if not _emulator:
+        jax.ffi.register_ffi_target(TARGET, _ffi_gpu.emulated_handler(), platform="cpu")
+    if _emulator != [emulate]:
+        _ffi_gpu.set_emulator(emulate)
+        _emulator[:] = [emulate]
+
+
 def problem(target) -> str | None:
     """Why the launcher cannot carry ``target``'s kernels (a ``jax_mxfp4.targets.Target``),
     or ``None``."""
-    if target.emulated:
-        return "the CDNA emulator is not part of this build"
     why = _load_launcher()[1]
-    if why is None and target.platform.upper() not in register_gpu_targets():
-        why = f"the GPU launcher is not registered for platform {target.platform}"
-    return why
+    if why is not None:
+        return why
+    if target.emulated:
+        return None if _emulator else "no CDNA emulator is registered"
+    if target.platform.upper() not in register_gpu_targets():
+        return f"the GPU launcher is not registered for platform {target.platform}"
+    return None
 
 
 def cache_stats() -> dict[str, int]:
@@ -145,6 +164,15 @@ def cache_stats() -> dict[str, int]:
     from jax_mxfp4 import _ffi_gpu
 
     return _ffi_gpu.cache_stats()
+
+
+_ASSEMBLY: dict[str, str] = {}
+
+
+def assembly_of(code: bytes) -> str | None:
+    """The assembly text of a ROCm code object this process lowered (what the CDNA emulator
+    executes), or ``None``."""
+    return _ASSEMBLY.get(hashlib.sha256(code).hexdigest())
 
 
 def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
@@ -155,6 +183,8 @@ def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
     avals: a multi-kernel lowering passes its intermediates here).
     """
     register_gpu_targets()
+    if launch.kernel.isa:
+        _ASSEMBLY.setdefault(hashlib.sha256(launch.kernel.code).hexdigest(), launch.kernel.isa)
     sub = ctx.replace(avals_in=list(operand_avals), avals_out=list(result_avals))
     rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)
     pairs = [i for pair in sorted((aliases or {}).items()) for i in pair]
@@ -167,6 +197,7 @@ __all__ = [
     "TARGET",
     "Launch",
     "Param",
+    "assembly_of",
     "buffer",
     "cache_stats",
     "emit",
@@ -175,6 +206,7 @@ __all__ = [
     "i64",
     "null",
     "problem",
+    "register_emulator",
     "register_gpu_targets",
     "with_scratch",
 ]
