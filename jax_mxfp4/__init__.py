@@ -11,8 +11,10 @@
 SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp versions.
 """
 
-from jax_mxfp4 import emulated  # noqa: F401  (registers the emulated ROCm backends)
-from jax_mxfp4 import reference
+from jax_mxfp4 import (
+    emulated,  # noqa: F401  (registers the emulated ROCm backends)
+    reference,
+)
 from jax_mxfp4.api import (
     index_scores,
     select_blocks,
