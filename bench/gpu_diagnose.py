@@ -123,7 +123,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
                                      generator=gen)
     pool = pool.to(device)
     for rows in sizes:
-        plan = kernels.plan(rows, 16, 16, H200_SMS)
+        plan = kernels.plan(16, 16)
         q = torch.randn((rows, 16, 128), generator=gen).to(torch.bfloat16).to(device)
         table = torch.randint(0, pages, (rows, 16), dtype=torch.int32, generator=gen).to(device)
         ctx = torch.full((rows,), 16 * 128, dtype=torch.int32, device=device)

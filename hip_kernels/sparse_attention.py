@@ -344,9 +344,9 @@ def _specs(call) -> tuple[Specialization, Specialization | None, int]:
     """(attention kernel, merge kernel or ``None``, partitions NP) of a call: the direct
     kernel when ``plans.attention_splits`` gives one partition, else the split kernel (bf16
     partials whatever the output) and the merge."""
-    rows, group, n, _ = _shape(call)
+    _, group, n, _ = _shape(call)
     q, output = _launch.q_dtype(call.avals_in[0]), call.params["output"]
-    partitions = attention_splits(rows, n, call.target.units)
+    partitions = attention_splits(n)
     if partitions == 1:
         return (Specialization("sparse_attention", q=q, group=group, output=output,
                                path="direct"), None, 1)

@@ -1,28 +1,23 @@
 """Launch plans that more than one backend follows (one function each, so they cannot drift).
 
-Plans come from static shapes only (SPEC §9: grids never depend on device values).
+Plans come from static shapes only (SPEC §9: grids never depend on device values), and a
+row's arithmetic never depends on them (SPEC §15.15: the same bits whatever the batch).
 """
 
 from __future__ import annotations
 
-PROGRAMS_PER_UNIT = 8
-"""Split-K aims at about this many (row, split) programs per SM / CU: a program walks its
-pages one after another, each waiting on its K and V loads, so a unit needs several."""
-MIN_PAGES_PER_SPLIT = 2
-"""A split takes at least this many pages (one page per split was slower from 16 rows on:
-bench/RESULTS.md)."""
+PAGES_PER_SPLIT = 2
+"""Split-K partition size of sparse attention, in pages: partition ``k`` of every row is its
+pages ``[2k, 2k + 2)``. A constant, so a row's partitions - and so its bits - depend only on
+its own context, never on how many rows share the call, the grid or the device; the merge
+adds empty partitions as exact zeros. Two pages also keep ``ceil(n / ceil(n / 2)) == 2`` for
+every page-table width ``n``, which is how the gfx950 split kernel sizes its partitions."""
 
 
-def attention_splits(num_rows: int, pages_per_row: int, units: int) -> int:
-    """Split-K partitions per sparse-attention row (1: the direct, unsplit kernel), for the
-    Triton and the FlyDSL kernels alike: doubled until there are about
-    ``PROGRAMS_PER_UNIT * units`` (row, split) programs, keeping at least
-    ``MIN_PAGES_PER_SPLIT`` pages per split; a power of two."""
-    want = max(1, (PROGRAMS_PER_UNIT * units) // max(1, num_rows))
-    splits = 1
-    while splits * 2 <= min(want, pages_per_row // MIN_PAGES_PER_SPLIT):
-        splits *= 2
-    return splits
+def attention_splits(pages_per_row: int) -> int:
+    """Split-K partitions per sparse-attention row for a page table ``pages_per_row`` wide
+    (1: the direct, unsplit kernel), for the Triton and the FlyDSL kernels alike."""
+    return max(1, -(-pages_per_row // PAGES_PER_SPLIT))
 
 
-__all__ = ["MIN_PAGES_PER_SPLIT", "PROGRAMS_PER_UNIT", "attention_splits"]
+__all__ = ["PAGES_PER_SPLIT", "attention_splits"]

@@ -78,11 +78,11 @@ def _cases():
               {"num_rows": 2, "num_partitions": 8})],
         ),
         "attention_direct_mxfp8": (
-            attention(output="mxfp8"), (e4m3(2048, 16, 128), KV, KV, i32(2048, 1, 16),
-                                         i32(2048, 1)),
+            attention(output="mxfp8"), (e4m3(512, 16, 128), KV, KV, i32(512, 1, 2),
+                                         i32(512, 1)),
             [("jax_mxfp4_sparse_attention_qe4m3_g16_mxfp8_direct",
-              {"num_rows": 2048, "num_partitions": 1},
-              {"num_rows": 2048, "num_partitions": 1, "pages_per_row": 16})],
+              {"num_rows": 512, "num_partitions": 1},
+              {"num_rows": 512, "num_partitions": 1, "pages_per_row": 2})],
         ),
     }
 

@@ -216,15 +216,19 @@ class Plan:
     num_warps: int
 
 
-def plan(num_rows: int, group: int, num_pages: int, num_sms: int) -> Plan:
-    """Split-K from static shapes (``plans.attention_splits``, shared with the gfx950
-    kernels), ``GP`` dot rows, and the warps: 8 while the grid is under two programs per SM,
-    else 4 (side by side on the H200: bench/RESULTS.md)."""
+ATTENTION_WARPS = 4
+"""Warps of every attention program, whatever the grid: a program's reductions and dot
+layouts follow its warp count, so a count chosen by the grid size would make a row's bits
+depend on the batch (SPEC §15.15). Four was the faster count from 32 rows on (RESULTS)."""
+
+
+def plan(group: int, num_pages: int) -> Plan:
+    """``GP`` dot rows and the split-K plan of ``plans.attention_splits`` (shared with the
+    gfx950 kernels): both from the q-head group and the page-table width only."""
     gp = max(16, triton.next_power_of_2(group))
-    splits = attention_splits(num_rows, num_pages, num_sms)
+    splits = attention_splits(num_pages)
     pages = triton.cdiv(max(num_pages, 1), splits)
-    warps = 8 if num_rows * splits < 2 * num_sms else 4
-    return Plan(gp, splits, pages, warps)
+    return Plan(gp, splits, pages, ATTENTION_WARPS)
 
 
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
@@ -247,8 +251,8 @@ def _shape(call) -> tuple[int, int, int, int]:
 
 
 def kernel_name(call) -> str:
-    rows, group, n, _ = _shape(call)
-    splits = plan(rows, group, n, call.target.units).splits
+    _, group, n, _ = _shape(call)
+    splits = plan(group, n).splits
     return "attention_kernel" if splits == 1 else f"attention_kernel[{splits} splits]+reduce_kernel"
 
 
@@ -257,7 +261,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     partials that ``reduce_kernel`` merges (the partials are the first call's results: XLA
     allocates them like any intermediate)."""
     rows, group, n, kv_heads = _shape(call)
-    layout = plan(rows, group, n, call.target.units)
+    layout = plan(group, n)
     mxfp8 = call.params["output"] == "mxfp8"
     constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
                  "Q_IS_FP8": jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn,
