@@ -42,21 +42,22 @@ def pointer_type(dtype) -> str:
     return _POINTER[jnp.dtype(dtype)]
 
 
-def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str],
+def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | None],
            avals: Sequence, scalars: Mapping[str, np.generic], constants: Mapping[str, Any],
            nulls: Mapping[str, Any] | None = None, num_warps: int = 4,
            num_stages: int = 2) -> launcher.Launch:
     """The launch of ``fn`` (a ``@triton.jit`` function) compiled for ``target``.
 
     ``buffers[i]`` is the name of the pointer argument that receives buffer ``i`` of the
-    custom call, whose abstract value is ``avals[i]``; ``nulls`` maps pointer arguments passed
+    custom call, whose abstract value is ``avals[i]`` (``None``: the kernel does not take it,
+    e.g. an operand aliased to a result the kernel writes); ``nulls`` maps pointer arguments passed
     as null to the dtype they point to; ``scalars`` maps every other runtime argument to a
     numpy scalar; ``constants`` every constexpr argument.
     """
     if len(buffers) != len(avals):
         raise ValueError(f"{fn.__name__}: {len(buffers)} buffer names for {len(avals)} avals")
     nulls = dict(nulls or {})
-    slot = {name: i for i, name in enumerate(buffers)}
+    slot = {name: i for i, name in enumerate(buffers) if name is not None}
     types, params = {}, []
     for name in fn.arg_names:
         if name in constants:

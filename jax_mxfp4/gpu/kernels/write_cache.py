@@ -5,22 +5,26 @@ One program quantizes ``ROWS`` (token, head) rows: the block amax is taken on bf
 patterns, the e8m0 byte follows ``ROUND`` (0 up, 1 even, 2 down), and each element's e2m1
 code comes from comparing ``|x| * 2**(127 - byte)`` (exact) with the rounding boundaries,
 ties to the even code. A slot outside ``[0, P*128)`` is skipped, and of several rows with the
-same slot only the last is written (as the CPU handler and XLA's scatter do), so the result
-does not depend on the order programs run in.
+same slot only the last is written (SPEC §15.14), so the result does not depend on the order
+programs run in: ``claim_kernel`` first enters every slot into an open-addressing hash table
+(``4 T`` entries or more, linear probing, compare-and-swap on the key) and keeps the largest row
+index per slot with an atomic max; ``write_cache_kernel`` then looks its slot up and writes
+only if it is the winner. O(T), no sort and no row-by-row scan.
 """
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
+from jax.core import ShapedArray
 from jax.interpreters import mlir
 
 from jax_mxfp4.formats import ROUND_MODE_CODES
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.rows import last_writer_slots
 
 
 @triton.jit
@@ -50,29 +54,59 @@ def _codes(bits, byte):
 
 
 @triton.jit
-def _is_last(slots_ptr, t, slot, T, SCAN: tl.constexpr):
-    """Whether no later row ``t' > t`` has the same slot (per row of ``t``)."""
-    last = slot >= 0
-    for start in range(0, T, SCAN):
-        u = start + tl.arange(0, SCAN)
-        other = tl.load(slots_ptr + u, mask=u < T, other=-1)
-        clash = (other[None, :] == slot[:, None]) & (u[None, :] > t[:, None])
-        last = last & (tl.max(clash.to(tl.int32), axis=1) == 0)
-    return last
+def _slot_hash(slot, TABLE_BITS: tl.constexpr):
+    """Fibonacci hash of the slots into ``[0, 2**TABLE_BITS)``."""
+    return ((slot.to(tl.uint32) * 2654435761) >> (32 - TABLE_BITS)).to(tl.int32)
 
 
 @triton.jit
-def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, out_ptr, T, H, P, ROUND: tl.constexpr,
-                       ROWS: tl.constexpr, SCAN: tl.constexpr, DEDUP: tl.constexpr = True):
-    """pool/out ``u8[P, H, 8704]`` (aliased), x ``bf16[T, H, 128]``, slots ``s32[T]``."""
+def claim_kernel(slots_ptr, keys_ptr, winners_ptr, T, P, TABLE_BITS: tl.constexpr,
+                 ROWS: tl.constexpr):
+    """keys ``s32[2**TABLE_BITS + 1]`` and winners ``s32[2**TABLE_BITS]``, all -1 on entry
+    (the last key is a parking place for lanes with nothing to insert): every in-range slot
+    of ``slots s32[T]`` gets an entry, and its winner is the largest row index naming it."""
+    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    slot = tl.load(slots_ptr + t, mask=t < T, other=-1)
+    pending = (t < T) & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
+    h = _slot_hash(slot, TABLE_BITS)
+    while tl.max(pending.to(tl.int32), axis=0) > 0:
+        at = tl.where(pending, h, 1 << TABLE_BITS)
+        old = tl.atomic_cas(keys_ptr + at, tl.where(pending, -1, -2),
+                            tl.where(pending, slot, -2))
+        placed = pending & ((old == -1) | (old == slot))
+        tl.atomic_max(winners_ptr + h, t, mask=placed)
+        pending = pending & ~placed
+        h = tl.where(pending, (h + 1) & ((1 << TABLE_BITS) - 1), h)
+
+
+@triton.jit
+def _winner(keys_ptr, winners_ptr, slot, live, TABLE_BITS: tl.constexpr):
+    """The winning row of each live slot (looked up in ``claim_kernel``'s table), -1
+    elsewhere."""
+    h = _slot_hash(slot, TABLE_BITS)
+    winner = tl.full(slot.shape, -1, tl.int32)
+    searching = live
+    while tl.max(searching.to(tl.int32), axis=0) > 0:
+        key = tl.load(keys_ptr + h, mask=searching, other=-1)
+        found = searching & (key == slot)
+        winner = tl.where(found, tl.load(winners_ptr + h, mask=found, other=-1), winner)
+        searching = searching & (key != slot) & (key != -1)
+        h = (h + 1) & ((1 << TABLE_BITS) - 1)
+    return winner
+
+
+@triton.jit
+def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_ptr, T, H, P,
+                       ROUND: tl.constexpr, ROWS: tl.constexpr, TABLE_BITS: tl.constexpr):
+    """pool/out ``u8[P, H, 8704]`` (aliased), x ``bf16[T, H, 128]``, slots ``s32[T]``, the
+    slot table of ``claim_kernel``."""
     rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (token, head) rows
     t = rr // H
     h = rr % H
     ok = t < T
     slot = tl.load(slots_ptr + t, mask=ok, other=-1)
     ok = ok & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
-    if DEDUP:
-        ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN)
+    ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
     i = tl.arange(0, 64)
     src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
     lo = tl.load(src, mask=ok[:, None], other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
@@ -94,6 +128,11 @@ def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, out_ptr, T, H, P, ROUND: tl.c
              mask=ok[:, None])
 
 
+def table_bits(num_tokens: int) -> int:
+    """log2 of the slot table's entries: at least four per token (short probe chains)."""
+    return max(4, (4 * max(num_tokens, 1) - 1).bit_length())
+
+
 def rows_per_program(num_rows: int) -> int:
     return 16 if num_rows <= 4096 else 32
 
@@ -104,10 +143,7 @@ def grid(num_rows: int) -> tuple[int, int, int]:
 
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
 
-# Up to this many rows the kernel finds each slot's last writer itself (every program
-# compares its rows with all T slots: quadratic); above it, the slots are sorted first
-# (``rows.last_writer_slots``). Timings of both: bench/RESULTS.md.
-KERNEL_DEDUP_MAX_ROWS = 4096
+CLAIM_ROWS = 256  # tokens per claim_kernel program
 
 
 def available(target, config) -> str | None:
@@ -119,26 +155,40 @@ def covers(call) -> str | None:
 
 
 def kernel_name(call) -> str:
-    return "write_cache_kernel"
+    return "claim_kernel+write_cache_kernel"
 
 
 def lower(ctx, call, pool, x, slots):
-    """One launch over (token, head) rows; the pool is aliased to the result (in place)."""
+    """Two launches: the slot table (``claim_kernel``, over XLA-filled ``-1`` arrays), then
+    the (token, head) rows (``write_cache_kernel``); the pool is aliased to the result (in
+    place)."""
     pool_aval, x_aval, slots_aval = call.avals_in
     num_tokens = x_aval.shape[0]
     heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1
     rows = num_tokens * heads
-    dedup_in_kernel = num_tokens <= KERNEL_DEDUP_MAX_ROWS
-    if not dedup_in_kernel:
-        sub = ctx.replace(avals_in=[slots_aval], avals_out=[slots_aval])
-        slots = mlir.lower_fun(lambda s: [last_writer_slots(s)])(sub, slots)[0]
+    bits = table_bits(num_tokens)
+    table_avals = [ShapedArray(((1 << bits) + 1,), jnp.int32),
+                   ShapedArray((1 << bits,), jnp.int32)]
+    fill = ctx.replace(avals_in=[], avals_out=table_avals)
+    empty = mlir.lower_fun(lambda: [jnp.full(a.shape, -1, jnp.int32) for a in table_avals],
+                           multiple_results=True)(fill)
+    pages = np.int32(pool_aval.shape[0])
+    claim = triton_call.launch(
+        claim_kernel, call.target,
+        grid=(triton.cdiv(num_tokens, CLAIM_ROWS), 1, 1) if num_tokens else (0, 1, 1),
+        buffers=("slots_ptr", None, None, "keys_ptr", "winners_ptr"),  # written in place
+        avals=(slots_aval, *table_avals, *table_avals),
+        scalars={"T": np.int32(num_tokens), "P": pages},
+        constants={"TABLE_BITS": bits, "ROWS": CLAIM_ROWS})
+    keys, winners = launcher.emit(ctx, claim, [slots, *empty], [slots_aval, *table_avals],
+                                  table_avals, {1: 0, 2: 1})
     launch = triton_call.launch(
         write_cache_kernel, call.target, grid=grid(rows) if rows else (0, 1, 1),
-        buffers=("pool_ptr", "x_ptr", "slots_ptr", "out_ptr"),
-        avals=(*call.avals_in, *call.avals_out),
-        scalars={"T": np.int32(num_tokens), "H": np.int32(heads),
-                 "P": np.int32(pool_aval.shape[0])},
+        buffers=("pool_ptr", "x_ptr", "slots_ptr", "keys_ptr", "winners_ptr", "out_ptr"),
+        avals=(*call.avals_in, *table_avals, *call.avals_out),
+        scalars={"T": np.int32(num_tokens), "H": np.int32(heads), "P": pages},
         constants={"ROUND": ROUND_MODE_CODES[call.params["round_mode"]],
-                   "ROWS": rows_per_program(rows), "SCAN": 256, "DEDUP": dedup_in_kernel},
+                   "ROWS": rows_per_program(rows), "TABLE_BITS": bits},
     )
-    return launcher.emit(ctx, launch, [pool, x, slots], call.avals_in, call.avals_out, {0: 0})
+    return launcher.emit(ctx, launch, [pool, x, slots, keys, winners],
+                         [*call.avals_in, *table_avals], call.avals_out, {0: 0})
