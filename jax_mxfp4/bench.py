@@ -231,9 +231,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per cell")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the reference lowering (kernels only)")
+    parser.add_argument("--step", action="store_true",
+                        help="with --device gpu: one whole decode step against dense bf16 "
+                        "attention and plain-jnp MXFP4 (bench_step)")
 
 
 def run_from_args(args) -> int:
+    if args.device == "gpu" and args.step:
+        from jax_mxfp4 import bench_step
+
+        print(bench_step.run(args.quick, args.repeats))
+        return 0
     if args.device == "gpu":
         from jax_mxfp4 import bench_gpu
 
