@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One device session: build the package's FFI extensions, then (mode "tests") the GPU tests and
-# compute-sanitizer memcheck on two decode steps (S = 4 and S = 1) and one prefill step, or
-# (mode "bench") the GPU benchmark table. Logs go to $OUT (the device tool's output folder) or ./gpu_logs.
+# One device session: install the package (editable, with its FFI extensions), then (mode
+# "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
+# and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
+# step against dense attention, or the profile / diagnose modes. Logs go to $OUT (the device
+# tool's output folder) or ./gpu_logs.
 set -u
 MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
@@ -11,13 +13,13 @@ PY=python3
 {
   nvidia-smi -L; $PY -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())"
 } > "$OUT/env.txt" 2>&1
-BUILD=/tmp/jax_mxfp4_build
-if [ ! -f jax_mxfp4/_ffi_gpu*.so ]; then
-  (cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v $PY)" \
-     && cmake --build $BUILD -j 16 && cp $BUILD/ffi/_ffi_*.so jax_mxfp4/) > "$OUT/build.txt" 2>&1 \
-     || { echo "BUILD FAILED"; tail -30 "$OUT/build.txt"; exit 1; }
+# The device machine has no network: the build takes its tools from the image, and the
+# package's dependencies (jax, numpy, ml_dtypes) are there already. hip_kernels/ becomes
+# jax_mxfp4.hip_kernels through the install, as in CI.
+if ! $PY -c "import jax_mxfp4._ffi_gpu, jax_mxfp4.hip_kernels" 2>/dev/null; then
+  $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.txt" 2>&1 \
+    || { echo "BUILD FAILED"; tail -30 "$OUT/build.txt"; exit 1; }
 fi
-export PYTHONPATH=$PWD
 $PY -m jax_mxfp4 info | tee "$OUT/info.txt"
 if [ "$MODE" = tests ]; then
   timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_compile.py -ra \
@@ -50,6 +52,10 @@ elif [ "$MODE" = diagnose ]; then
   grep -E "kernel|gpu__time_duration|==PROF==|Error" "$OUT/ncu.txt" | head -40
   XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=$OUT/dump_cb" \
     timeout 120 $PY tests/gpu/decode_step.py --json > "$OUT/cb.txt" 2>&1; echo "cb rc=$?"; tail -3 "$OUT/cb.txt"
+elif [ "$MODE" = step ]; then
+  timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --step --repeats ${REPEATS:-5} \
+    > "$OUT/step.txt" 2> "$OUT/step_err.txt"
+  echo "step rc=$?"; cat "$OUT/step.txt"; tail -5 "$OUT/step_err.txt"
 else
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --repeats ${REPEATS:-10} > "$OUT/bench.txt" 2> "$OUT/bench_err.txt"
   echo "bench rc=$?"; cat "$OUT/bench.txt"; tail -5 "$OUT/bench_err.txt"

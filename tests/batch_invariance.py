@@ -1,8 +1,8 @@
 """Batch invariance (SPEC §15.15): a row's bits depend only on that row's inputs.
 
 Each check computes an operation on a batch of rows and on subsets of it - the first row
-alone, the first 8, the first 32, and the whole batch shuffled - and requires every row the
-two calls share to be bit-equal. ``tests/test_batch_invariance.py`` runs the checks on the CPU
+alone, the first 8, the first 32, and the whole batch shuffled (for the scorers: of requests,
+with their rows) - and requires every row the two calls share to be bit-equal. ``tests/test_batch_invariance.py`` runs the checks on the CPU
 backends (the C++ handlers and the emulated gfx950 kernels), ``tests/gpu/`` on the GPU's
 kernels. Shapes are MiniMax-M3.1's per rank (16 q heads per kv head, 16 selected pages).
 """
@@ -51,16 +51,28 @@ def attention(rng, output: str, num_rows: int = 48, q_dtype: str = "bf16") -> No
 
 
 def _index_case(rng, shape: str):
+    """Twelve decode requests of 4 rows each, or four prefill chunks of 80 rows."""
     if shape == "decode":
         return decode_index_case(rng, rng.integers(1, 8 * 128, 12), 4, num_heads=1,
                                  num_blocks=8, table_width=8, num_pages=12 * 8)
-    return prefill_index_case(rng, [20, 30, 14], [300, 0, 700], num_rows=64, num_heads=1,
-                              num_blocks=8, table_width=8, num_pages=3 * 8)
+    return prefill_index_case(rng, [80] * 4, [300, 0, 700, 129], num_rows=320, num_heads=1,
+                              num_blocks=8, table_width=8, num_pages=4 * 8)
+
+
+def _request_subset(case, chosen: np.ndarray):
+    """The rows of requests ``chosen`` (in that order), their block-table rows, and the
+    requests renumbered: a smaller batch of the same shape of work (rows per request)."""
+    rows = np.concatenate([np.flatnonzero(case.requests == r) for r in chosen])
+    renumber = np.full(case.block_table.shape[0], -1, np.int32)
+    renumber[chosen] = np.arange(len(chosen), dtype=np.int32)
+    return rows, (case.q[rows], case.pool, case.block_table[chosen], case.positions[rows],
+                  renumber[case.requests[rows]])
 
 
 def index_scores(rng, shape: str, q_round: str = "e4m3") -> None:
     """``index_scores`` of decode rows (S = 4) or prefill chunks, and ``select_blocks`` of
-    those scores."""
+    those scores, on subsets of the *requests* (a serving batch groups whole requests; rows
+    per request stay what the step's shape makes them)."""
     case = _index_case(rng, shape)
     score = jax.jit(lambda q, pool, table, pos, req: jm.index_scores(
         q, pool, table, pos, req, num_blocks=case.num_blocks, sm_scale=SM_SCALE,
@@ -69,15 +81,19 @@ def index_scores(rng, shape: str, q_round: str = "e4m3") -> None:
         s, table, pos, req, topk=4, init_blocks=1)))
     full = score(*case.args())
     full_selection = select(full, case.block_table, case.positions, case.requests)
+    num_requests = case.block_table.shape[0]
     for name in SUBSETS:
-        rows = subset_rows(name, len(case.positions), rng)
-        args = (case.q[rows], case.pool, case.block_table, case.positions[rows],
-                case.requests[rows])
+        chosen = subset_rows(name, num_requests, rng)
+        rows, args = _request_subset(case, chosen)
         part = score(*args)
         _assert_rows_equal(f"index_scores {shape} {name}", full, part, rows, 1)
-        selection = select(part, case.block_table, case.positions[rows], case.requests[rows])
-        for axis, f, p in zip((1, 0, 0), full_selection, selection, strict=True):
-            _assert_rows_equal(f"select_blocks {shape} {name}", f, p, rows, axis)
+        selection = select(part, *args[2:])
+        full_ids, full_pages, full_context = full_selection
+        ids, pages, context = selection
+        _assert_rows_equal(f"select_blocks ids {shape} {name}", full_ids, ids, rows, 1)
+        _assert_rows_equal(f"select_blocks pages {shape} {name}", full_pages, pages, rows, 0)
+        _assert_rows_equal(f"select_blocks context {shape} {name}", full_context, context,
+                           rows, 0)
 
 
 def write_cache(rng, num_rows: int = 48) -> None:
