@@ -2,8 +2,8 @@
 
 Run as a script by ``test_triton_interpreter.py`` (``TRITON_INTERPRET=1`` must be set before
 the kernels are decorated, so it needs a process of its own). Only kernels without ``tl.dot``
-and without in-kernel e4m3 rounding are checked here: the interpreter's fp16 dots are not
-exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (checked 2026-11-29, triton
+are checked here, and e4m3 rounding only of values that are exact in e4m3: the interpreter's
+fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (triton
 3.6.0). Prints one ``ok <name>`` line per check; raises on a mismatch.
 """
 
@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from conftest import SM_SCALE, decode_index_case
 
-from jax_mxfp4.gpu.kernels import index_scores, mxfp4
+from jax_mxfp4.gpu.kernels import index_scores, mxfp4, sparse_attention
 from jax_mxfp4.reference._common import folded_score_scale
 
 
@@ -97,10 +97,39 @@ def check_one_row_index_scores(rng) -> None:
     print("ok one_row_index_scores")
 
 
+@triton.jit
+def _mxfp8_store_kernel(o_ptr, values_ptr, scales_ptr, t, qh0):
+    g = tl.arange(0, 4)
+    o = tl.load(o_ptr + g[:, None] * 128 + tl.arange(0, 128)[None, :])
+    sparse_attention._store_output(o, values_ptr, scales_ptr, t, qh0, g, g < 4, 4, True)
+
+
+def check_mxfp8_epilogue(rng) -> None:
+    """The attention kernel's MXFP8 store of one token's 4 q heads (16 blocks): blocks with an
+    Inf or NaN get scale byte 255 and NaN values (SPEC §15.13); finite blocks get the SPEC §1.6
+    scale. Finite values are e4m3-exact after scaling (small integers times a power of two),
+    so the interpreter's inexact e4m3 rounding cannot hide or fake a difference."""
+    o = rng.integers(-15, 16, (4, 128)).astype(np.float32)
+    o *= np.exp2(rng.integers(-20, 20, (4, 4, 1))).repeat(32, 1).reshape(4, 128)
+    o[0, 3], o[1, 40], o[2, 64:96], o[3, 100] = np.inf, np.nan, -np.inf, np.nan
+    o[3, 101] = np.inf
+    values = torch.zeros(4 * 128, dtype=torch.uint8)
+    scales = torch.zeros(4 * 4, dtype=torch.uint8)
+    _mxfp8_store_kernel[(1,)](torch.from_numpy(o), values.view(torch.float8_e4m3fn), scales,
+                              0, 0)
+    want_values, want_scales = oracle.quantize_mxfp8(o.reshape(1, -1))
+    got_scales = scales.numpy().reshape(1, -1)
+    np.testing.assert_array_equal(got_scales, want_scales)
+    assert (got_scales.reshape(4, 4) == 255).sum() == 4, got_scales
+    np.testing.assert_array_equal(values.numpy(), want_values.view(np.uint8).reshape(-1))
+    print("ok mxfp8_epilogue")
+
+
 def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
     check_one_row_index_scores(rng)
+    check_mxfp8_epilogue(rng)
     return 0
 
 
