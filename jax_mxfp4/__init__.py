@@ -20,6 +20,7 @@ from jax_mxfp4.api import (
     write_kv_cache,
 )
 from jax_mxfp4.backend import backend_scope, get_backend, set_backend
+from jax_mxfp4.exporting import EXPORT_CHECKS, deserialize, export
 from jax_mxfp4.formats import (
     HEAD_DIM,
     PAGE_BYTES,
@@ -36,6 +37,7 @@ from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXPORT_CHECKS",
     "HEAD_DIM",
     "PAGE_BYTES",
     "PAGE_TOKENS",
@@ -45,6 +47,8 @@ __all__ = [
     "dequantize_mxfp4",
     "dequantize_mxfp8",
     "dequantize_pool",
+    "deserialize",
+    "export",
     "get_backend",
     "index_scores",
     "new_pool",
