@@ -30,6 +30,7 @@ from jax_mxfp4.formats import (
     quantize_mxfp4,
     quantize_mxfp8,
 )
+from jax_mxfp4.metadata_checks import MetadataError, check_metadata
 from jax_mxfp4.pages import dequantize_pool, new_pool
 from jax_mxfp4.reference import SparseSelection
 from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
@@ -41,8 +42,10 @@ __all__ = [
     "HEAD_DIM",
     "PAGE_BYTES",
     "PAGE_TOKENS",
+    "MetadataError",
     "SparseSelection",
     "backend_scope",
+    "check_metadata",
     "decode_rows",
     "dequantize_mxfp4",
     "dequantize_mxfp8",
