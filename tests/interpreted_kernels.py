@@ -5,6 +5,9 @@ the kernels are decorated, so it needs a process of its own). Only kernels witho
 are checked here, and e4m3 rounding only of values that are exact in e4m3: the interpreter's
 fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (triton
 3.6.0). Prints one ``ok <name>`` line per check; raises on a mismatch.
+
+Arrays go to the kernels as :class:`HostArray`, a numpy array with the few tensor methods the
+interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is needed.
 """
 
 from __future__ import annotations
@@ -16,13 +19,50 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import oracle
-import torch
 import triton
 import triton.language as tl
 from conftest import SM_SCALE, decode_index_case
 
 from jax_mxfp4.gpu.kernels import index_scores, mxfp4, sparse_attention
 from jax_mxfp4.reference._common import folded_score_scale
+
+
+class HostArray:
+    """A contiguous numpy array as Triton's interpreter (triton 3.6) wants a tensor: it reads
+    ``data_ptr()`` and ``dtype`` (numpy's and ml_dtypes' names are Triton's too: float32,
+    uint8, bfloat16, float8_e4m3fn), and copies storages to and from the "device", which here
+    is the same memory, so those calls do nothing."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = np.ascontiguousarray(array)
+        self.dtype = self.array.dtype
+
+    def data_ptr(self) -> int:
+        return self.array.ctypes.data
+
+    def untyped_storage(self) -> HostArray:
+        return self
+
+    def cpu(self) -> HostArray:
+        return self
+
+    def new_empty(self, *args, **kwargs) -> HostArray:
+        return self
+
+    def set_(self, *args) -> HostArray:
+        return self
+
+    def copy_(self, other) -> HostArray:
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self.array.itemsize for s in self.array.strides)
 
 
 @triton.jit
@@ -38,23 +78,13 @@ def check_page_values(rng) -> None:
     dequantized bit for bit; tokens past the live count are zeros."""
     page = rng.integers(0, 256, 8704).astype(np.uint8)
     page[8192:] = rng.integers(1, 255, 512)
-    out = torch.zeros(128 * 128)
-    _page_values_kernel[(1,)](torch.from_numpy(page), out, 100)
-    got = out.numpy().reshape(128, 128)
+    out = HostArray(np.zeros(128 * 128, np.float32))
+    _page_values_kernel[(1,)](HostArray(page), out, 100)
+    got = out.array.reshape(128, 128)
     want = oracle.dequant_pool(page[None])[0].astype(np.float32)
     want[100:] = 0.0
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     print("ok page_values")
-
-
-def _torch(x: np.ndarray) -> torch.Tensor:
-    """A CPU tensor sharing ``x``'s bytes (ml_dtypes' e4m3 and bf16 included)."""
-    x = np.ascontiguousarray(x)
-    if str(x.dtype) == "float8_e4m3fn":
-        return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn)
-    if str(x.dtype) == "bfloat16":
-        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(x)
 
 
 def one_row_scores(case, q_round: str) -> np.ndarray:
@@ -63,16 +93,16 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
     rows, requests_n = len(positions), table.shape[0]
     plan = index_scores.plan(rows, 1, requests_n, case.num_blocks)
     assert plan.one_row, plan
-    out = torch.full((1, rows, case.num_blocks), 7.0)
+    out = HostArray(np.full((1, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](
-        _torch(q), _torch(pool), _torch(table), _torch(positions), _torch(requests), out, rows,
+        *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False,
         DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
         num_warps=plan.num_warps)
-    return out.numpy()
+    return out.array
 
 
 def check_one_row_index_scores(rng) -> None:
@@ -113,15 +143,15 @@ def check_mxfp8_epilogue(rng) -> None:
     o *= np.exp2(rng.integers(-20, 20, (4, 4, 1))).repeat(32, 1).reshape(4, 128)
     o[0, 3], o[1, 40], o[2, 64:96], o[3, 100] = np.inf, np.nan, -np.inf, np.nan
     o[3, 101] = np.inf
-    values = torch.zeros(4 * 128, dtype=torch.uint8)
-    scales = torch.zeros(4 * 4, dtype=torch.uint8)
-    _mxfp8_store_kernel[(1,)](torch.from_numpy(o), values.view(torch.float8_e4m3fn), scales,
-                              0, 0)
+    values = HostArray(np.zeros(4 * 128, oracle.E4M3))
+    scales = HostArray(np.zeros(4 * 4, np.uint8))
+    _mxfp8_store_kernel[(1,)](HostArray(o), values, scales, 0, 0)
     want_values, want_scales = oracle.quantize_mxfp8(o.reshape(1, -1))
-    got_scales = scales.numpy().reshape(1, -1)
+    got_scales = scales.array.reshape(1, -1)
     np.testing.assert_array_equal(got_scales, want_scales)
     assert (got_scales.reshape(4, 4) == 255).sum() == 4, got_scales
-    np.testing.assert_array_equal(values.numpy(), want_values.view(np.uint8).reshape(-1))
+    np.testing.assert_array_equal(values.array.view(np.uint8),
+                                  want_values.view(np.uint8).reshape(-1))
     print("ok mxfp8_epilogue")
 
 

@@ -17,15 +17,17 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-pytest.importorskip("torch")
 
 
 def test_interpreted_kernels_match_the_oracle():
     here = Path(__file__).parent
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(here / "interpreted_kernels.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    # torch is blocked (an import of it fails) to show the interpreter runs on numpy alone.
+    script = (f"import runpy, sys; sys.modules['torch'] = None; "
+              f"runpy.run_path({str(here / 'interpreted_kernels.py')!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.split() == ["ok", "page_values", "ok", "one_row_index_scores",
                                    "ok", "mxfp8_epilogue"]
