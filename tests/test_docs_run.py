@@ -90,3 +90,11 @@ def test_only_public_names_are_used():
         assert not private, (name, private)
         used = set(re.findall(r"\bjm\.(\w+)", code))
         assert used <= set(jm.__all__) | {"reference"}, (name, used - set(jm.__all__))
+
+
+def test_license_file_matches_pyproject():
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert declared == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
