@@ -8,7 +8,8 @@
     out = jm.sparse_attention(q, k_pool, v_pool, sel.page_table, sel.context_lens,
                               sm_scale=128 ** -0.5)
 
-SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp versions.
+docs/spec.md (in the repository) says what each operation computes, bit for bit; ``jm.reference``
+holds the plain-jnp versions.
 """
 
 from jax_mxfp4 import reference

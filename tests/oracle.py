@@ -1,8 +1,9 @@
 """An independent float64 numpy oracle for every jax_mxfp4 operation.
 
-Written from SPEC.md alone; it never imports jax_mxfp4 (nor jax). Values are computed in float64
-(exact for every product the operations form) and rounded to the output format at the end with
-the rounding helpers below, which implement round-to-nearest-even from first principles.
+Written from docs/spec.md alone; it never imports jax_mxfp4 (nor jax). Values are computed in
+float64 (exact for every product the operations form) and rounded to the output format at the
+end with the rounding helpers below, which implement round-to-nearest-even from first
+principles.
 ``ml_dtypes`` is used only to hold bfloat16 / float8_e4m3fn arrays and to decode them (the
 decoding of a value already on the grid is exact).
 

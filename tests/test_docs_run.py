@@ -98,3 +98,57 @@ def test_license_file_matches_pyproject():
     text = (ROOT / "LICENSE").read_text()
     assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
+
+
+def spec_sections() -> set[str]:
+    """Every citable id of docs/spec.md: "N" for "## N.", "N.M" for "### N.M" and for the
+    numbered items ("M. ...") of section N (the decisions of §15)."""
+    ids, top = set(), None
+    for line in (ROOT / "docs" / "spec.md").read_text().splitlines():
+        if match := re.match(r"## (\d+)\. ", line):
+            top = match.group(1)
+            ids.add(top)
+        elif match := re.match(r"### (\d+\.\d+) ", line):
+            ids.add(match.group(1))
+        elif top is not None and (match := re.match(r"(\d+)\. ", line)):
+            ids.add(f"{top}.{match.group(1)}")
+    return ids
+
+
+CITED_IN = ("jax_mxfp4", "hip_kernels", "ffi", "tests", "bench", "examples", "docs")
+SUFFIXES = {".py", ".cc", ".h", ".md", ".ipynb"}
+
+
+def citations() -> list[tuple[str, str]]:
+    """``(file, section id)`` of every "SPEC §n" in the code and docs (lists such as "SPEC §7,
+    §8" and "§15.2/15.4" included) and of every "§n" inside docs/spec.md and README.md."""
+    files = [ROOT / "README.md"] + [p for folder in CITED_IN for p in (ROOT / folder).rglob("*")
+                                    if p.suffix in SUFFIXES]
+    found = []
+    for path in files:
+        text = path.read_text(errors="replace")
+        spans = re.findall(r"SPEC\s*((?:§\s?\d+(?:\.\d+)?(?:\s*(?:[,/]|and|or)\s*)?)+)", text)
+        if path.name in ("spec.md", "README.md"):
+            spans += re.findall(r"§\s?\d+(?:\.\d+)?", text)
+        for span in spans:
+            found += [(str(path.relative_to(ROOT)), n)
+                      for n in re.findall(r"\d+(?:\.\d+)?", span)]
+    return found
+
+
+def test_every_spec_citation_resolves():
+    sections, cited = spec_sections(), citations()
+    assert len(cited) > 100 and {"15.13", "1.6", "7"} <= sections
+    missing = sorted({(where, n) for where, n in cited if n not in sections})
+    assert not missing, missing
+
+
+def test_no_pointer_to_a_spec_outside_the_repository():
+    for folder in ("jax_mxfp4", "hip_kernels", "tests", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == Path(__file__):
+                continue
+            text = path.read_text()
+            assert "SPEC.md" not in text and "shared with the team" not in text, path
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/spec.md" in readme and "shared with the team" not in readme
