@@ -1,34 +1,37 @@
-# `make demo` and `make test` set everything up from nothing: a .venv with the package
-# (built with its C++ FFI handlers) and its test extras, then run.
+# `make demo` and `make test` set everything up from nothing, in .venv:
+#   make demo  the package alone (its C++ FFI handlers built by scikit-build-core/CMake) and
+#              what it depends on (jax, numpy, ml_dtypes), then the demo;
+#   make test  the package with its `test` and `rocm` extras (pytest, Triton, FlyDSL, an LLD;
+#              no torch: gfx950 builds run FlyDSL with a stand-in), then ruff and the suite.
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
 SOURCES_NEEDING_REBUILD := pyproject.toml CMakeLists.txt $(shell find ffi -type f 2>/dev/null)
+EXTRAS_demo :=
+EXTRAS_test := [test,rocm]
 
 .PHONY: demo test lint install clean
 
-$(STAMP): $(SOURCES_NEEDING_REBUILD)
+# $(VENV)/.installed-demo and $(VENV)/.installed-test: one install each, redone when the
+# package's build inputs change.
+$(VENV)/.installed-%: $(SOURCES_NEEDING_REBUILD)
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	@# Build requirements go in first so the editable build can skip isolation (and not
 	@# download jaxlib a second time into a throwaway environment).
 	$(VPY) -m pip install -q "scikit-build-core>=0.10" cmake ninja "jax>=0.10"
-	@# FlyDSL (rocm extra) imports torch without declaring it: take the CPU build on disk first,
-	@# so nothing resolves a CUDA torch.
-	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q --no-build-isolation -e ".[test,rocm]"
+	$(VPY) -m pip install -q --no-build-isolation -e ".$(EXTRAS_$*)"
 	@touch $@
 
-install: $(STAMP)
+install: $(VENV)/.installed-test
 
-demo: $(STAMP)
+demo: $(VENV)/.installed-demo
 	$(VPY) -m jax_mxfp4 demo
 
-lint: $(STAMP)
+lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check .
 
-test: $(STAMP) lint
+test: $(VENV)/.installed-test lint
 	$(VPY) -m pytest -q tests
 
 clean:
@@ -49,7 +52,7 @@ ASAN_RUN := import glob, importlib.util, sys; \
 	import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/test_cpu_ffi.py']))
 
 .PHONY: asan
-asan: $(STAMP)
+asan: $(VENV)/.installed-test
 	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(ASAN_BUILD)/dist \
 		--config-settings=cmake.define.JAX_MXFP4_ASAN=ON \
 		--config-settings=build-dir=$(ASAN_BUILD) .

@@ -1,6 +1,7 @@
 """FlyDSL kernels for gfx950 (MI355X), built on any machine, launched by the generic launcher.
 
-Public surface (importing this package needs neither FlyDSL nor torch; only compiling does):
+Public surface (importing this package needs neither FlyDSL nor torch; compiling needs FlyDSL,
+which runs in a process of its own with a stand-in for torch: see ``flydsl_process``):
 
 * :func:`code_object` ``(op, *, arch="gfx950", **params) -> CodeObject`` — the HSACO bytes,
   symbol, block, LDS bytes, register counts and kernarg layout of one specialization,

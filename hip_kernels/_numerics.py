@@ -12,6 +12,9 @@ from . import _ir as I
 from ._ir import arith, rocdl
 
 E4M3_MAX = 448.0
+E8M0_NAN = 255
+E4M3_NAN_WORD = 0x7F7F7F7F
+"""Four float8_e4m3fn NaN bytes (0x7F) in one i32."""
 
 
 def clamp_e4m3(x):
@@ -78,23 +81,29 @@ def e2m1_word_to_f32(word) -> list:
 
 
 def mxfp8_scale_byte(amax_bits):
-    """SPEC §1.6: ``clamp(E - 8 + (M7 > 96), 0, 254)`` from the fp32 bits of a bf16 amax."""
+    """SPEC §1.6: ``clamp(E - 8 + (M7 > 96), 0, 254)`` from the fp32 bits of a bf16 amax;
+    255 where the amax is Inf or NaN (SPEC §15.13)."""
     exp_field = I.band(I.lshr(amax_bits, I.ci32(23)), I.ci32(0xFF))
     mant7 = I.band(I.lshr(amax_bits, I.ci32(16)), I.ci32(0x7F))
     byte = I.add(I.sub(exp_field, I.ci32(8)), arith.extui(I.i32(), I.gt(mant7, I.ci32(96))))
-    return I.smin(I.smax(byte, I.ci32(0)), I.ci32(254))
+    byte = I.smin(I.smax(byte, I.ci32(0)), I.ci32(254))
+    return I.select(I.eq(exp_field, I.ci32(0xFF)), I.ci32(E8M0_NAN), byte)
 
 
 def mxfp8_block(values_bf16_f32) -> tuple:
     """Quantize 32 bf16-valued fp32 to MXFP8 (SPEC §1.6, §8): ``(8 i32 words of e4m3, byte)``.
 
     ``values * 2**(127 - sb)`` is an exact power-of-two scaling (``sb <= 247`` for finite bf16,
-    so the factor is a normal fp32) and the e4m3 rounding is saturating nearest-even.
+    so the factor is a normal fp32) and the e4m3 rounding is saturating nearest-even. A block
+    holding Inf or NaN gets byte 255 and every value the e4m3 NaN (SPEC §15.13).
     """
     amax = I.ci32(0)
     for v in values_bf16_f32:
         amax = I.umax(amax, I.band(I.f32_bits(v), I.ci32(0x7FFFFFFF)))
     byte = mxfp8_scale_byte(amax)
-    factor = I.f32_from_bits(I.shl(I.sub(I.ci32(254), byte), I.ci32(23)))
+    non_finite = I.eq(byte, I.ci32(E8M0_NAN))
+    finite_byte = I.smin(byte, I.ci32(254))  # keeps the factor a normal fp32
+    factor = I.f32_from_bits(I.shl(I.sub(I.ci32(254), finite_byte), I.ci32(23)))
     scaled = [I.fmul(v, factor) for v in values_bf16_f32]
-    return pack_e4m3(scaled), byte
+    words = [I.select(non_finite, I.ci32(E4M3_NAN_WORD), w) for w in pack_e4m3(scaled)]
+    return words, byte

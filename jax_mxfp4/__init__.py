@@ -8,7 +8,8 @@
     out = jm.sparse_attention(q, k_pool, v_pool, sel.page_table, sel.context_lens,
                               sm_scale=128 ** -0.5)
 
-SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp versions.
+docs/spec.md (in the repository) says what each operation computes, bit for bit; ``jm.reference``
+holds the plain-jnp versions.
 """
 
 from jax_mxfp4 import (
@@ -31,6 +32,7 @@ from jax_mxfp4.backend import (
     set_backend,
 )
 from jax_mxfp4.explain import explain
+from jax_mxfp4.exporting import EXPORT_CHECKS, deserialize, export
 from jax_mxfp4.formats import (
     HEAD_DIM,
     PAGE_BYTES,
@@ -40,6 +42,7 @@ from jax_mxfp4.formats import (
     quantize_mxfp4,
     quantize_mxfp8,
 )
+from jax_mxfp4.metadata_checks import MetadataError, check_metadata
 from jax_mxfp4.pages import dequantize_pool, new_pool
 from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
 from jax_mxfp4.selection import SparseSelection
@@ -49,17 +52,22 @@ check_environment()  # an unknown JAX_MXFP4_BACKEND fails here, once every backe
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXPORT_CHECKS",
     "HEAD_DIM",
     "PAGE_BYTES",
     "PAGE_TOKENS",
+    "MetadataError",
     "SparseSelection",
     "backend_scope",
     "backends",
+    "check_metadata",
     "decode_rows",
     "dequantize_mxfp4",
     "dequantize_mxfp8",
     "dequantize_pool",
+    "deserialize",
     "explain",
+    "export",
     "get_backend",
     "index_scores",
     "lowering_options",

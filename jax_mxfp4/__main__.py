@@ -41,7 +41,13 @@ def _bench(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "bench", help="time every operation, kernels vs the reference lowering, in one run",
-        description=bench.__doc__,
+        description="Time every operation at decode- and prefill-shaped sizes: this "
+        "platform's kernels and the reference lowering side by side. Each cell compiles the "
+        "operation twice under jax.jit (backend 'auto', then 'reference'), warms up, times "
+        "--repeats calls of each (waiting for every result) and reports the median. Bytes "
+        "moved count what the operation must read and write at least, so GB/s compares "
+        "across implementations. --device gpu runs the GPU table instead (it needs a GPU "
+        "that JAX sees). Method and results: bench/RESULTS.md.",
     )
     bench.add_arguments(parser)
     parser.set_defaults(run=bench.run_from_args)
@@ -52,10 +58,36 @@ def _build(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "build", help="compile every gfx950 FlyDSL kernel (no GPU needed) and print the manifest",
-        description=build.__doc__,
+        description="Compile every gfx950 FlyDSL kernel the operations use at the "
+        "MiniMax-M3.1 shapes, on any machine (no GPU; it needs the rocm extra: pip install "
+        "'jax_mxfp4[rocm]'). Writes <kernel>.hsaco, <kernel>.s and <kernel>.json for each "
+        "kernel and one manifest.json into --out (a folder usable as JAX_MXFP4_KERNEL_DIR) and "
+        "prints the manifest as a table. Code objects already built (in JAX_MXFP4_KERNEL_DIR, "
+        "or in the kernel cache JAX_MXFP4_CACHE_DIR, default ~/.cache/jax_mxfp4/kernels) are "
+        "reused, not compiled again.",
     )
     build.add_arguments(parser)
-    parser.set_defaults(run=build.run_from_args)
+    parser.set_defaults(run=_run_build)
+
+
+def _run_build(args) -> int:
+    """``build``, with one-line errors and an honest summary without FlyDSL."""
+    from hip_kernels import build, flydsl_process, toolchain
+    from hip_kernels.compiler import KernelBuildError
+
+    if not sys.stderr.isatty():
+        args.no_progress = True  # the progress bar redraws with carriage returns
+    try:
+        status = build.run_from_args(args)
+    except (toolchain.ToolchainError, KernelBuildError) as exc:
+        end_of_bar = "" if args.no_progress else "\n"
+        print(f"{end_of_bar}python -m jax_mxfp4 build: {exc}", file=sys.stderr)
+        return 1
+    if not flydsl_process.flydsl_installed():
+        print("FlyDSL is not installed, so nothing was compiled: every kernel above is a code "
+              "object built earlier (JAX_MXFP4_KERNEL_DIR or the kernel cache). To compile: "
+              f"{flydsl_process.INSTALL_HINT}")
+    return status
 
 
 # Commands in the order `--help` lists them. Adding one (info, bench, build): write

@@ -23,6 +23,16 @@ def f32_bits(x: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
 
 
+def bf16_from_f32_bits(bits: jnp.ndarray) -> jnp.ndarray:
+    """bfloat16 nearest-even rounding of fp32 bit patterns, done on the integers (exact for
+    subnormals, which XLA's CPU conversion flushes); NaN stays NaN."""
+    bits = bits.astype(jnp.uint32)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    half = jnp.where(is_nan, (bits >> 16) | 0x40, rounded).astype(jnp.uint16)
+    return lax.bitcast_convert_type(half, jnp.bfloat16)
+
+
 def widen_rounded(x: jnp.ndarray) -> jnp.ndarray:
     """The fp32 values of a float array that was just rounded to a narrower type.
 

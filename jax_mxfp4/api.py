@@ -1,7 +1,7 @@
 """The public operations: validate at trace time, then run the implementation.
 
 Shapes: ``T`` query rows, ``B`` requests, ``P`` pages, ``H`` index heads (= kv heads on a rank),
-``Hq`` query heads, ``D = 128``. See SPEC.md for what each operation computes.
+``Hq`` query heads, ``D = 128``. docs/spec.md says what each operation computes ("SPEC §n").
 """
 
 from __future__ import annotations

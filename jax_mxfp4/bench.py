@@ -10,6 +10,7 @@ least (pages it reads, queries, outputs), so GB/s is comparable across implement
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 import sys
@@ -174,14 +175,21 @@ def _time(cell: Cell, compiled, args: tuple, repeats: int, budget_s: float) -> f
     return statistics.median(times)
 
 
-def _progress(done: int, total: int, text: str) -> None:
+def _progress(done: int, total: int, text: str, stream=None) -> None:
+    """A bar redrawn in place on a terminal; elsewhere (a file, a pipe) one plain line per
+    cell, so logs hold no carriage returns."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        if done < total:
+            stream.write(f"bench {done + 1}/{total}: {text}\n")
+        return
     width = 24
     filled = width * done // max(total, 1)
     bar = "#" * filled + "-" * (width - filled)
-    sys.stderr.write(f"\r[{bar}] {done}/{total} {text:<48.48}")
-    sys.stderr.flush()
+    stream.write(f"\r[{bar}] {done}/{total} {text:<48.48}")
     if done == total:
-        sys.stderr.write("\n")
+        stream.write("\n")
+    stream.flush()
 
 
 def run_cells(cells: list[Cell], *, repeats: int = 10, budget_s: float = 2.0,
@@ -224,16 +232,36 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="which device's table to run (default: cpu)")
     parser.add_argument("--quick", action="store_true", help="a few small cells only")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per cell")
+    parser.add_argument("--repeats", type=_positive_int, default=10,
+                        help="timed calls per cell, at least 1 (default: 10)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the reference lowering (kernels only)")
     parser.add_argument("--step", action="store_true",
                         help="with --device gpu: one whole decode step against dense bf16 "
                         "attention and plain-jnp MXFP4 (bench_step)")
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why JAX sees no GPU here (None when it sees one)."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None if devices else "no GPU device"
 
 
 def run_from_args(args) -> int:
@@ -243,6 +271,12 @@ def run_from_args(args) -> int:
         print(bench_step.run(args.quick, args.repeats))
         return 0
     if args.device == "gpu":
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            print(f"bench --device gpu: JAX sees no GPU here ({reason}); run it on a machine "
+                  "with a CUDA or ROCm GPU and a jax built for it (README: Install)",
+                  file=sys.stderr)
+            return 2
         from jax_mxfp4 import bench_gpu
 
         print(bench_gpu.run(args.quick, args.repeats, not args.no_reference))

@@ -17,7 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_mxfp4._bits import exact_scaled_f32, f32_bits, f32_from_bits, widen_rounded
+from jax_mxfp4._bits import (
+    bf16_from_f32_bits,
+    exact_scaled_f32,
+    f32_bits,
+    f32_from_bits,
+)
 
 # --- constants --------------------------------------------------------------------------------
 
@@ -36,6 +41,8 @@ PAGE_SCALE_OFFSET = PAGE_TOKENS * TOKEN_DATA_BYTES
 PAGE_BYTES = PAGE_SCALE_OFFSET + PAGE_TOKENS * TOKEN_SCALE_BYTES
 """Bytes per page: 128 x 64 B data + 128 x 4 B scales = 8704."""
 E4M3_MAX = 448.0
+E4M3_NAN = 0x7F
+"""The float8_e4m3fn NaN byte (without its sign bit); e4m3fn has no Inf."""
 E8M0_NAN = 255
 
 E2M1_VALUES = np.array(
@@ -188,14 +195,9 @@ def mxfp4_f32_bits(codes: jnp.ndarray, scale_bytes: jnp.ndarray) -> jnp.ndarray:
 
 def _from_f32_bits(bits: jnp.ndarray, dtype) -> jnp.ndarray:
     if jnp.dtype(dtype) == jnp.bfloat16:
-        # Every MXFP4 value fits bf16 exactly (<= 2 significant bits): take the high half.
-        return lax_bitcast_bf16(bits)
+        # Rounded on the bit patterns: XLA's CPU conversion would flush fp32 subnormals.
+        return bf16_from_f32_bits(bits)
     return f32_from_bits(bits).astype(dtype)
-
-
-def lax_bitcast_bf16(bits: jnp.ndarray) -> jnp.ndarray:
-    """Top 16 bits of fp32 patterns as bfloat16 (exact when the low 16 bits are zero)."""
-    return lax.bitcast_convert_type((bits >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
 def dequantize_mxfp4(packed: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
@@ -229,14 +231,16 @@ def to_e4m3(x: jnp.ndarray) -> jnp.ndarray:
 
 
 def mxfp8_scale_byte(amax_bits: jnp.ndarray) -> jnp.ndarray:
-    """e8m0 scale of an MXFP8 block from the fp32 bits of its bf16 amax (SPEC §1.6).
+    """e8m0 scale of an MXFP8 block from the fp32 bits of its bf16 amax (SPEC §1.6, §15.13).
 
     ``clamp(E - 8 + (M7 > 96), 0, 254)``, E the exponent field and M7 the 7-bit mantissa;
-    equal to ``ceil(log2(amax / 448)) + 127`` for every positive finite bf16 amax.
+    equal to ``ceil(log2(amax / 448)) + 127`` for every positive finite bf16 amax. An Inf or
+    NaN amax gives 255 (NaN), as in MXFP4.
     """
     exp_field = ((amax_bits >> 23) & 0xFF).astype(jnp.int32)
     mant7 = ((amax_bits >> 16) & 0x7F).astype(jnp.int32)
-    return jnp.clip(exp_field - 8 + (mant7 > 96), 0, 254).astype(jnp.uint8)
+    byte = jnp.clip(exp_field - 8 + (mant7 > 96), 0, 254)
+    return jnp.where(exp_field == 0xFF, E8M0_NAN, byte).astype(jnp.uint8)
 
 
 def quantize_mxfp8(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -252,11 +256,41 @@ def quantize_mxfp8(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     blocks, amax_bits = _abs_bits_blocks(x.astype(jnp.bfloat16))
     scales = mxfp8_scale_byte(amax_bits)
     scaled = exact_scaled_f32(blocks, 127 - scales.astype(jnp.int32)[..., None])
-    return to_e4m3(scaled).reshape(x.shape), scales
+    codes = lax.bitcast_convert_type(to_e4m3(scaled), jnp.uint8)
+    codes = jnp.where((scales == E8M0_NAN)[..., None], jnp.uint8(E4M3_NAN), codes)
+    return lax.bitcast_convert_type(codes, jnp.float8_e4m3fn).reshape(x.shape), scales
+
+
+def mxfp8_f32_bits(codes: jnp.ndarray, scale_bytes: jnp.ndarray) -> jnp.ndarray:
+    """fp32 bit patterns of ``e4m3(codes) * 2**(scale_bytes - 127)``, exact (SPEC §15.12).
+
+    ``codes`` are float8_e4m3fn bytes (uint8); ``scale_bytes`` broadcasts against them. An
+    e4m3 value is ``s * 2**n`` with an integer ``s < 16``, so every product is an fp32 normal
+    or subnormal number (down to ``2**-136``) or past the fp32 range (inf). Byte 255 and the
+    e4m3 NaN codes give NaN.
+    """
+    codes = codes.astype(jnp.int32)
+    exp_field, mant = (codes >> 3) & 0xF, codes & 7
+    significand = jnp.where(exp_field > 0, mant | 8, mant)
+    exponent = jnp.maximum(exp_field, 1) - 10 + scale_bytes.astype(jnp.int32) - 127
+    lead = 31 - lax.clz(jnp.maximum(significand, 1))  # floor(log2(significand)), 0..3
+    e = lead + exponent
+    normal = ((e + 127).astype(jnp.uint32) << 23) | (
+        (significand.astype(jnp.uint32) << (23 - lead).astype(jnp.uint32)) & 0x7FFFFF)
+    subnormal = _subnormal_units(significand, exponent + 149)
+    bits = jnp.where(e >= 128, jnp.uint32(0x7F800000), jnp.where(e >= -126, normal, subnormal))
+    bits = jnp.where(significand == 0, jnp.uint32(0), bits)
+    bits = bits | ((codes >> 7).astype(jnp.uint32) << 31)
+    nan = ((codes & 0x7F) == E4M3_NAN) | (scale_bytes == E8M0_NAN)
+    return jnp.where(nan, jnp.uint32(0x7FC00000), bits)
 
 
 def dequantize_mxfp8(values: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32) -> jnp.ndarray:
-    """MXFP8 ``(values e4m3[..., K], scales uint8[..., K//32])`` -> ``dtype[..., K]``."""
+    """MXFP8 ``(values e4m3[..., K], scales uint8[..., K//32])`` -> ``dtype[..., K]``.
+
+    Exact in fp32, subnormal results included; bfloat16 results are the nearest-even rounding
+    of the exact value. Byte 255 gives NaN.
+    """
     values, scales = jnp.asarray(values), jnp.asarray(scales)
     if values.dtype != jnp.float8_e4m3fn or scales.dtype != jnp.uint8:
         raise TypeError(
@@ -266,10 +300,9 @@ def dequantize_mxfp8(values: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32
         raise ValueError(
             f"scales must have one byte per 32 values: got {values.shape} and {scales.shape}"
         )
-    blocks = f32_bits(widen_rounded(values)).reshape(*scales.shape, MX_BLOCK)
-    out = exact_scaled_f32(blocks, scales.astype(jnp.int32)[..., None] - 127)
-    out = jnp.where(scales[..., None] == E8M0_NAN, jnp.nan, out)
-    return out.reshape(values.shape).astype(dtype)
+    codes = lax.bitcast_convert_type(values, jnp.uint8).reshape(*scales.shape, MX_BLOCK)
+    bits = mxfp8_f32_bits(codes, scales[..., None])
+    return _from_f32_bits(bits.reshape(values.shape), dtype)
 
 
 __all__ = [
@@ -286,6 +319,7 @@ __all__ = [
     "dequantize_mxfp8",
     "mxfp4_f32_bits",
     "mxfp4_scale_byte",
+    "mxfp8_f32_bits",
     "mxfp8_scale_byte",
     "pack_e2m1",
     "quantize_mxfp4",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -83,13 +84,22 @@ def block_table(table, num_blocks: int) -> None:
         )
 
 
+def static(value, name: str) -> None:
+    """A traced value where a static option belongs: say so, not "got JitTracer(...)"."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be static (a Python number known when tracing), got a "
+                        f"traced value; under jax.jit pass it through static_argnames")
+
+
 def positive_int(value, name: str, minimum: int = 1) -> int:
+    static(value, name)
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
 def scale(value, name: str = "sm_scale") -> float:
+    static(value, name)
     try:
         f = float(value)
     except (TypeError, ValueError):

@@ -2,9 +2,9 @@
 
 Each check computes an operation on a batch of rows and on subsets of it - the first row
 alone, the first 8, the first 32, and the whole batch shuffled (for the scorers: of requests,
-with their rows) - and requires every row the two calls share to be bit-equal. ``tests/test_batch_invariance.py`` runs the checks on the CPU
-backends (the C++ handlers and the emulated gfx950 kernels), ``tests/gpu/`` on the GPU's
-kernels. Shapes are MiniMax-M3.1's per rank (16 q heads per kv head, 16 selected pages).
+with their rows) - and requires every row the two calls share to be bit-equal.
+``tests/test_batch_invariance.py`` runs the checks on the CPU backends, ``tests/gpu/`` on the
+GPU's kernels. Shapes are MiniMax-M3.1's per rank (16 q heads per kv head, 16 selected pages).
 """
 
 from __future__ import annotations

@@ -323,6 +323,19 @@ def attention_case(rng, context_lens, *, group=4, n_pages=16, q_dtype="bf16", q_
     return AttentionCase(q, k_pool, v_pool, table, ctx)
 
 
+def non_finite_v(case: AttentionCase) -> None:
+    """In place: the first token of the first page of row ``t`` (kv head 0) gets a NaN V block
+    (scale byte 255) where ``t % 4`` is 0 or 3, and an infinite one (codes 6 * 2**127, past the
+    bf16 range: SPEC §7 widens V to bf16 exactly) where ``t % 4`` is 1 or 3."""
+    for t in range(case.page_table.shape[0]):
+        page = case.page_table[t, 0, 0]
+        if t % 4 in (0, 3):
+            case.v_pool[page, 0, 8192 + 1] = 255
+        if t % 4 in (1, 3):
+            case.v_pool[page, 0, 32:48] = 0x77
+            case.v_pool[page, 0, 8192 + 2] = 254
+
+
 def large_value_case(rng, context_lens, *, group=4) -> AttentionCase:
     """SPEC §7 "PV range": every live V element is +-2**127 or +-1.5 * 2**127 (scale bytes
     253/254, the largest finite bf16-exact MXFP4 values), so the output (a weighted mean of V)

@@ -2,9 +2,12 @@
 
 Run as a script by ``test_triton_interpreter.py`` (``TRITON_INTERPRET=1`` must be set before
 the kernels are decorated, so it needs a process of its own). Only kernels without ``tl.dot``
-and without in-kernel e4m3 rounding are checked here: the interpreter's fp16 dots are not
-exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (checked with triton
+are checked here, and e4m3 rounding only of values that are exact in e4m3: the interpreter's
+fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (triton
 3.6.0). Prints one ``ok <name>`` line per check; raises on a mismatch.
+
+Arrays go to the kernels as :class:`HostArray`, a numpy array with the few tensor methods the
+interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is needed.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import oracle
-import torch
 import triton
 import triton.language as tl
 from conftest import SM_SCALE, decode_index_case
+from host_array import HostArray
 
-from jax_mxfp4.gpu.kernels import index_scores, mxfp4
+from jax_mxfp4.gpu.kernels import index_scores, mxfp4, sparse_attention
 from jax_mxfp4.scaling import folded_score_scale
 
 
@@ -38,23 +41,13 @@ def check_page_values(rng) -> None:
     dequantized bit for bit; tokens past the live count are zeros."""
     page = rng.integers(0, 256, 8704).astype(np.uint8)
     page[8192:] = rng.integers(1, 255, 512)
-    out = torch.zeros(128 * 128)
-    _page_values_kernel[(1,)](torch.from_numpy(page), out, 100)
-    got = out.numpy().reshape(128, 128)
+    out = HostArray(np.zeros(128 * 128, np.float32))
+    _page_values_kernel[(1,)](HostArray(page), out, 100)
+    got = out.array.reshape(128, 128)
     want = oracle.dequant_pool(page[None])[0].astype(np.float32)
     want[100:] = 0.0
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     print("ok page_values")
-
-
-def _torch(x: np.ndarray) -> torch.Tensor:
-    """A CPU tensor sharing ``x``'s bytes (ml_dtypes' e4m3 and bf16 included)."""
-    x = np.ascontiguousarray(x)
-    if str(x.dtype) == "float8_e4m3fn":
-        return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn)
-    if str(x.dtype) == "bfloat16":
-        return torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(x)
 
 
 def one_row_scores(case, q_round: str) -> np.ndarray:
@@ -63,16 +56,16 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
     rows, requests_n = len(positions), table.shape[0]
     plan = index_scores.plan(rows, 1, requests_n, case.num_blocks, num_sms=132)
     assert plan.one_row, plan
-    out = torch.full((1, rows, case.num_blocks), 7.0)
+    out = HostArray(np.full((1, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](
-        _torch(q), _torch(pool), _torch(table), _torch(positions), _torch(requests), out, rows,
+        *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False,
         DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
         num_warps=plan.num_warps)
-    return out.numpy()
+    return out.array
 
 
 def check_one_row_index_scores(rng) -> None:
@@ -97,10 +90,39 @@ def check_one_row_index_scores(rng) -> None:
     print("ok one_row_index_scores")
 
 
+@triton.jit
+def _mxfp8_store_kernel(o_ptr, values_ptr, scales_ptr, t, qh0):
+    g = tl.arange(0, 4)
+    o = tl.load(o_ptr + g[:, None] * 128 + tl.arange(0, 128)[None, :])
+    sparse_attention._store_output(o, values_ptr, scales_ptr, t, qh0, g, g < 4, 4, True)
+
+
+def check_mxfp8_epilogue(rng) -> None:
+    """The attention kernel's MXFP8 store of one token's 4 q heads (16 blocks): blocks with an
+    Inf or NaN get scale byte 255 and NaN values (SPEC §15.13); finite blocks get the SPEC §1.6
+    scale. Finite values are e4m3-exact after scaling (small integers times a power of two),
+    so the interpreter's inexact e4m3 rounding cannot hide or fake a difference."""
+    o = rng.integers(-15, 16, (4, 128)).astype(np.float32)
+    o *= np.exp2(rng.integers(-20, 20, (4, 4, 1))).repeat(32, 1).reshape(4, 128)
+    o[0, 3], o[1, 40], o[2, 64:96], o[3, 100] = np.inf, np.nan, -np.inf, np.nan
+    o[3, 101] = np.inf
+    values = HostArray(np.zeros(4 * 128, oracle.E4M3))
+    scales = HostArray(np.zeros(4 * 4, np.uint8))
+    _mxfp8_store_kernel[(1,)](HostArray(o), values, scales, 0, 0)
+    want_values, want_scales = oracle.quantize_mxfp8(o.reshape(1, -1))
+    got_scales = scales.array.reshape(1, -1)
+    np.testing.assert_array_equal(got_scales, want_scales)
+    assert (got_scales.reshape(4, 4) == 255).sum() == 4, got_scales
+    np.testing.assert_array_equal(values.array.view(np.uint8),
+                                  want_values.view(np.uint8).reshape(-1))
+    print("ok mxfp8_epilogue")
+
+
 def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
     check_one_row_index_scores(rng)
+    check_mxfp8_epilogue(rng)
     return 0
 
 

@@ -14,29 +14,28 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import oracle
-import torch
+from host_array import HostArray
 
 from jax_mxfp4.formats import ROUND_MODE_CODES
 from jax_mxfp4.gpu.kernels import write_cache as kernels
 
 
-def _run(pool, x_bf16_bits, slots, round_mode):
-    t, heads = x_bf16_bits.shape[:2]
+def _run(pool, x_bf16, slots, round_mode):
+    t, heads = x_bf16.shape[:2]
     bits = kernels.table_bits(t)
-    keys = torch.full(((1 << bits) + 1,), -1, dtype=torch.int32)
-    winners = torch.full((1 << bits,), -1, dtype=torch.int32)
-    slots_t = torch.from_numpy(slots)
+    keys = HostArray(np.full((1 << bits) + 1, -1, np.int32))
+    winners = HostArray(np.full(1 << bits, -1, np.int32))
+    slots_h = HostArray(slots)
     pages = pool.shape[0]
     kernels.claim_kernel[(-(-t // kernels.CLAIM_ROWS),)](
-        slots_t, keys, winners, t, pages, TABLE_BITS=bits, ROWS=kernels.CLAIM_ROWS)
-    out = torch.from_numpy(pool.copy())
-    x = torch.from_numpy(x_bf16_bits).view(torch.bfloat16)
+        slots_h, keys, winners, t, pages, TABLE_BITS=bits, ROWS=kernels.CLAIM_ROWS)
+    out = HostArray(pool.copy())
     rows = t * heads
     kernels.write_cache_kernel[kernels.grid(rows)](
-        out, x, slots_t, keys, winners, out, t, heads, pages,
+        out, HostArray(x_bf16), slots_h, keys, winners, out, t, heads, pages,
         ROUND=ROUND_MODE_CODES[round_mode], ROWS=kernels.rows_per_program(rows),
         TABLE_BITS=bits)
-    return out.numpy()
+    return out.array
 
 
 def check_repeated_slots(rng) -> None:
@@ -47,7 +46,7 @@ def check_repeated_slots(rng) -> None:
     slots[10:40] = slots[0]  # a run of one slot: row 39 must win
     slots[50] = slots[60]  # and one pair
     for round_mode in ("up", "even", "down"):
-        got = _run(pool, x.view(np.uint16), slots, round_mode)
+        got = _run(pool, x, slots, round_mode)
         want = oracle.write_cache(pool, x, slots, round_mode)
         np.testing.assert_array_equal(got, want, err_msg=round_mode)
     print("ok write_cache_repeated_slots")

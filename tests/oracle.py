@@ -1,8 +1,9 @@
 """An independent float64 numpy oracle for every jax_mxfp4 operation.
 
-Written from SPEC.md alone; it never imports jax_mxfp4 (nor jax). Values are computed in float64
-(exact for every product the operations form) and rounded to the output format at the end with
-the rounding helpers below, which implement round-to-nearest-even from first principles.
+Written from docs/spec.md alone; it never imports jax_mxfp4 (nor jax). Values are computed in
+float64 (exact for every product the operations form) and rounded to the output format at the
+end with the rounding helpers below, which implement round-to-nearest-even from first
+principles.
 ``ml_dtypes`` is used only to hold bfloat16 / float8_e4m3fn arrays and to decode them (the
 decoding of a value already on the grid is exact).
 
@@ -25,6 +26,7 @@ PAGE_TOKENS = 128
 PAGE_BYTES = 8704
 SCALE_OFFSET = 8192
 E4M3_MAX = 448.0
+E4M3_NAN_BYTE = 0x7F  # float8_e4m3fn has no Inf; 0x7F and 0xFF are NaN
 FLT_MIN = 2.0**-126
 LOG2E_LITERAL = 1.4426950409  # SPEC §0: the truncated literal the scorers use
 
@@ -168,7 +170,8 @@ def mxfp4_scale_bytes(amax, round_mode: str = "up") -> np.ndarray:
         byte = np.where(amax == 0, 0, np.maximum((e - 1) - 2 + 127, 0))
     else:
         raise ValueError(round_mode)
-    return np.clip(byte, 0, 254).astype(np.uint8)
+    # SPEC §15.13: a block whose amax is Inf or NaN gets byte 255 (NaN) in every mode.
+    return np.where(np.isfinite(amax), np.clip(byte, 0, 254), 255).astype(np.uint8)
 
 
 def quantize_mxfp4(x, round_mode: str = "up") -> tuple[np.ndarray, np.ndarray]:
@@ -184,21 +187,29 @@ def quantize_mxfp4(x, round_mode: str = "up") -> tuple[np.ndarray, np.ndarray]:
 
 
 def mxfp8_scale_bytes(amax) -> np.ndarray:
-    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` in float64; amax 0 -> 0 (SPEC §1.6)."""
+    """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` in float64; amax 0 -> 0 (SPEC §1.6);
+    an Inf or NaN amax -> 255 (SPEC §15.13)."""
     amax = np.asarray(amax, np.float64)
-    with np.errstate(divide="ignore"):
-        sb = np.ceil(np.log2(amax / E4M3_MAX)) + 127
+    finite = np.isfinite(amax)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sb = np.ceil(np.log2(np.where(finite, amax, 1.0) / E4M3_MAX)) + 127
     sb = np.where(amax == 0, 0, sb)
-    return np.clip(sb, 0, 254).astype(np.uint8)
+    return np.where(finite, np.clip(sb, 0, 254), 255).astype(np.uint8)
 
 
 def quantize_mxfp8(x) -> tuple[np.ndarray, np.ndarray]:
-    """MXFP8 of ``x[..., K]`` (rounded to bf16 first): ``(e4m3[..., K], uint8[..., K//32])``."""
+    """MXFP8 of ``x[..., K]`` (rounded to bf16 first): ``(e4m3[..., K], uint8[..., K//32])``.
+    Every value of a block with scale byte 255 (an Inf or NaN in the block) is the e4m3 NaN
+    0x7F (SPEC §1.6, §15.13)."""
     xv = bf16_values(x)
     blocks = xv.reshape(*xv.shape[:-1], -1, BLOCK)
     scales = mxfp8_scale_bytes(np.max(np.abs(blocks), axis=-1))
-    scaled = blocks * np.ldexp(1.0, 127 - scales.astype(np.int64))[..., None]
-    return round_e4m3_sat(scaled).reshape(xv.shape).astype(E4M3), scales
+    non_finite = (scales == 255)[..., None]
+    with np.errstate(invalid="ignore"):
+        scaled = blocks * np.ldexp(1.0, 127 - scales.astype(np.int64))[..., None]
+    values = round_e4m3_sat(np.where(non_finite, 0.0, scaled)).astype(E4M3).view(np.uint8)
+    values = np.where(non_finite, np.uint8(E4M3_NAN_BYTE), values)
+    return values.reshape(xv.shape).view(E4M3), scales
 
 
 # --------------------------------------------------------------------------------------------

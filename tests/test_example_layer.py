@@ -1,9 +1,11 @@
 """``examples/minimax_m3_layer.py``: the sharded MiniMax-M3.1 block runs, and agrees with TP=1.
 
 The example runs in a process of its own (it splits the CPU into 4 devices before jax starts)
-with ``--check``, which reruns the same prefill and decode loop with TP=1, DP=1 on one device
-and compares: TP=4 and TP=2 must give the same bits, TP=2 x DP=2 the same values to bf16
-rounding.
+with ``--check``, which (1) recomputes every layer's jax_mxfp4 operations of every step on one
+device from the recorded inputs, which must give the same bits at every TP and DP degree, and
+(2) reruns the same prefill and decode loop with TP=1, DP=1 on one device and compares the
+hidden states: on the CPU TP=4 and TP=2 give the same bits, TP=2 x DP=2 the same values to
+bf16 rounding.
 
 Mutation check (each tried by hand):
 - ``output_projection`` contracting over all heads in one einsum (XLA's all-reduce) instead
@@ -14,7 +16,9 @@ Mutation check (each tried by hand):
   test_tp2_equals_tp1_bit_for_bit fails (1.4e-3: XLA orders a fused reduction by shape);
 - ``block_table`` giving a request pages of the other dp shard -> test_tp2_dp2_matches_tp1
   fails (relative difference 0.34: those pages are not on the row's shard, which reads and
-  writes nothing there).
+  writes nothing there);
+- the one-device recomputation of our operations given ``2 * q`` -> test_tp4_equals_tp1 fails
+  on its operations line ("... bit for bit: False").
 The comparison is between sharded and unsharded runs; the layer's accuracy against dense
 bf16 attention is the demo's (tests/test_demo.py).
 """
@@ -38,17 +42,23 @@ def _run(*args: str) -> str:
     return proc.stdout
 
 
+OPS_EQUAL = "of 8 layer-steps equal one device on the same inputs bit for bit: True"
+
+
 def test_tp4_equals_tp1_bit_for_bit():
     out = _run("--tp", "4")
-    assert "TP=4 DP=1 equals TP=1 DP=1 bit for bit: True" in out, out
+    assert OPS_EQUAL in out, out
+    assert "hidden states: TP=4 DP=1 equals TP=1 DP=1 bit for bit: True" in out, out
     assert "decode step: median" in out
 
 
 def test_tp2_equals_tp1_bit_for_bit():
     out = _run("--tp", "2", "--q-heads", "16")
-    assert "TP=2 DP=1 equals TP=1 DP=1 bit for bit: True" in out, out
+    assert OPS_EQUAL in out, out
+    assert "hidden states: TP=2 DP=1 equals TP=1 DP=1 bit for bit: True" in out, out
 
 
 def test_tp2_dp2_matches_tp1():
     out = _run("--tp", "2", "--dp", "2")
-    assert "TP=2 DP=2 equals TP=1 DP=1" in out, out
+    assert OPS_EQUAL in out, out
+    assert "hidden states: TP=2 DP=2 equals TP=1 DP=1" in out, out

@@ -48,6 +48,7 @@ from conftest import (
     call,
     large_value_case,
     mxfp4_pages_from,
+    non_finite_v,
 )
 
 import jax_mxfp4 as jm
@@ -252,6 +253,24 @@ def test_mxfp8_output(impl, kv_heads, group, rng):
     np.testing.assert_array_equal(scales, o_s)
     assert oracle.bits_equal(values, o_v).all()
 
+
+def test_mxfp8_output_non_finite_blocks(impl, rng):
+    """SPEC §15.13 in the fused epilogue: an output block holding Inf or NaN gets scale byte 255
+    and NaN values, as quantize_mxfp8 gives for the bf16 output. Mutation: the C++ epilogue's
+    ``sb`` without its non-finite case (byte 247/248, values scaled) fails this test."""
+    case = attention_case(rng, CONTEXTS[:, 1:], group=4)
+    non_finite_v(case)
+    bf16 = run(impl, case).reshape(T, -1)
+    values, scales = run(impl, case, output="mxfp8")
+    blocks = bf16.astype(np.float32).reshape(T, -1, 32)
+    non_finite = ~np.isfinite(blocks).all(-1)
+    assert non_finite[[0, 1, 3]].any(-1).all()  # the case holds (row 2 has no context)
+    np.testing.assert_array_equal(scales == 255, non_finite)
+    want_v, want_s = oracle.quantize_mxfp8(bf16)
+    np.testing.assert_array_equal(scales, want_s)
+    np.testing.assert_array_equal(values.view(np.uint8), want_v.view(np.uint8))
+    back = call(impl, "dequantize_mxfp8", values, scales, dtype=np.float32).reshape(T, -1, 32)
+    assert np.isnan(back[non_finite]).all()
 
 # ---------------------------------------------------------------------------------------------
 # Rejections (public API)

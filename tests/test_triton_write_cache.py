@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-pytest.importorskip("torch")
 
 
 def test_interpreted_write_cache_keeps_the_last_writer():

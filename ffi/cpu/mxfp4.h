@@ -32,6 +32,7 @@ constexpr int64_t kTokenBytes = 64;      // packed e2m1 bytes per token row
 constexpr int64_t kScaleOffset = 8192;   // byte offset of the scale area in a page
 constexpr int64_t kPageBytes = 8704;     // bytes per page
 constexpr uint32_t kE8m0Nan = 255;
+constexpr uint8_t kE4m3Nan = 0x7F;   // float8_e4m3fn NaN (no Inf in e4m3fn)
 
 constexpr float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};

@@ -300,12 +300,15 @@ void StoreHead(const Problem& p, const float* out, int64_t t, int64_t qh, const 
     }
     const int e = static_cast<int>((amax_bits >> 23) & 0xFFu);
     const int m7 = static_cast<int>((amax_bits >> 16) & 0x7Fu);
-    const int sb = std::clamp(e - 8 + (m7 > 96 ? 1 : 0), 0, 254);
+    // An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §15.13).
+    const bool non_finite = e == 0xFF;
+    const int sb = non_finite ? static_cast<int>(kE8m0Nan)
+                              : std::clamp(e - 8 + (m7 > 96 ? 1 : 0), 0, 254);
     o.scales[(t * p.q_heads + qh) * kGroups + blk] = static_cast<uint8_t>(sb);
     for (int64_t i = 0; i < kMxBlock; ++i) {
       const int64_t d = blk * kMxBlock + i;
       const float scaled = ExactScaledF32(uint32_t{bf[d]} << 16, 127 - sb);
-      o.values[(t * p.q_heads + qh) * kHeadDim + d] = F32ToE4m3(scaled);
+      o.values[(t * p.q_heads + qh) * kHeadDim + d] = non_finite ? kE4m3Nan : F32ToE4m3(scaled);
     }
   }
 }

@@ -17,6 +17,7 @@ from conftest import (
     decode_index_case,
     deep_scale_index_case,
     large_value_case,
+    non_finite_v,
     prefill_index_case,
     random_pages,
 )
@@ -270,6 +271,26 @@ def test_mxfp8_epilogue_is_quantize_of_the_bf16_output(rng, rows):
     np.testing.assert_array_equal(scales, ref_scales)
     np.testing.assert_array_equal(bits(values), bits(ref_values))
 
+
+@pytest.mark.parametrize("rows", [1, 300], ids=["split", "direct"])
+def test_mxfp8_epilogue_non_finite_blocks(rng, rows):
+    """SPEC §15.13: an output block holding Inf or NaN (a NaN or infinite V token) gets scale
+    byte 255 and NaN values, through the split-K merge and the direct store."""
+    case = attention_case(rng, rng.integers(1, 16 * 128 + 1, (rows, 1)), group=16, n_pages=16)
+    non_finite_v(case)
+
+    def run(output):
+        fn = jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE, output=output))
+        return jax.tree.map(np.asarray, fn(*case.args()))
+
+    values, scales = run("mxfp8")
+    bf16 = run("bf16").reshape(rows, -1)
+    non_finite = ~np.isfinite(bf16.astype(np.float32).reshape(rows, -1, 32)).all(-1)
+    assert non_finite.any(-1).all()
+    np.testing.assert_array_equal(scales == 255, non_finite)
+    want_values, want_scales = oracle.quantize_mxfp8(bf16)
+    np.testing.assert_array_equal(scales, want_scales)
+    np.testing.assert_array_equal(bits(values), bits(want_values))
 
 def test_kv_heads_and_groups(rng):
     case = attention_case(rng, rng.integers(0, 700, (5, 2)), group=4, n_pages=6)

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from jax.core import ShapedArray
 
-from jax_mxfp4 import scaling
+from jax_mxfp4 import formats, scaling
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
@@ -32,6 +32,7 @@ from jax_mxfp4.plans import attention_splits
 
 LOG2E = tl.constexpr(1.4426950408889634)
 FLT_MIN = tl.constexpr(scaling.FLT_MIN)
+E4M3_NAN = tl.constexpr(formats.E4M3_NAN)  # the float8_e4m3fn NaN byte
 
 
 @triton.jit
@@ -93,8 +94,13 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
         amax = tl.max(bits, axis=2)  # bf16 bits [GP, 4]
         expo = (amax >> 7) & 0xFF
         sb = tl.minimum(tl.maximum(expo - 8 + ((amax & 0x7F) > 96).to(tl.int32), 0), 254)
+        # An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §15.13).
+        non_finite = expo == 0xFF
+        sb = tl.where(non_finite, 255, sb)
         scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, :, None]
-        values = tl.reshape(mxfp4.round_e4m3(scaled), (g.shape[0], 128))
+        codes = mxfp4.round_e4m3(scaled).to(tl.uint8, bitcast=True)
+        codes = tl.where(non_finite[:, :, None], E4M3_NAN, codes)
+        values = tl.reshape(codes.to(tl.float8e4nv, bitcast=True), (g.shape[0], 128))
         vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
         tl.store(vptr, values, mask=g_ok[:, None])
         c = tl.arange(0, 4)

@@ -1,0 +1,88 @@
+"""Each FlyDSL compile runs in a Python process of its own, with torch replaced by a stand-in.
+
+FlyDSL imports torch (see :mod:`hip_kernels.torch_stand_in`); running it in a child process
+that installs the stand-in first means a gfx950 build needs no torch on disk and never
+imports the user's torch, and the code objects do not depend on which torch (if any) is
+installed. The parent sends the specialization, the arch and the cache folder as JSON on
+stdin; the child compiles with :func:`hip_kernels.compiler.compile_spec_in_process` and
+writes the code object, the ISA and the compiler log into a folder the parent reads back.
+A failure in the child comes back as the same exception type and message.
+
+Run as ``python -m hip_kernels.flydsl_process OUT_DIR`` (by :func:`compile_spec` only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hip_kernels import abi, toolchain
+
+INSTALL_HINT = "pip install 'jax_mxfp4[rocm]' (FlyDSL and an LLD >= 19; no torch needed)"
+ERROR_FILE = "error.json"
+
+
+def flydsl_installed() -> bool:
+    return importlib.util.find_spec("flydsl") is not None
+
+
+def _child_env() -> dict[str, str]:
+    """The parent's environment, with this ``hip_kernels`` first on the path."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path):
+    """Compile ``spec`` for ``arch`` in a child process; a ``compiler.Compiled``."""
+    from hip_kernels.compiler import Compiled, KernelBuildError
+
+    if not flydsl_installed():
+        raise toolchain.ToolchainError(f"FlyDSL is not installed: {INSTALL_HINT}")
+    request = {"spec": dataclasses.asdict(spec), "arch": arch, "cache_dir": str(cache_dir)}
+    with tempfile.TemporaryDirectory(prefix="jax_mxfp4_flydsl_") as folder:
+        out = Path(folder)
+        done = subprocess.run([sys.executable, "-m", "hip_kernels.flydsl_process", str(out)],
+                              input=json.dumps(request), capture_output=True, text=True,
+                              env=_child_env(), check=False)
+        if (out / ERROR_FILE).exists():
+            error = json.loads((out / ERROR_FILE).read_text())
+            kind = toolchain.ToolchainError if error["type"] == "ToolchainError" else \
+                KernelBuildError
+            raise kind(error["message"])
+        if done.returncode != 0:
+            raise KernelBuildError(f"{spec.symbol}: the FlyDSL build process failed "
+                                   f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
+        return Compiled((out / "kernel.hsaco").read_bytes(), (out / "kernel.s").read_text(),
+                        (out / "compile.log").read_text())
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    request = json.loads(sys.stdin.read())
+    from hip_kernels import torch_stand_in
+
+    torch_stand_in.install()
+    from hip_kernels.compiler import KernelBuildError, compile_spec_in_process
+
+    spec = abi.Specialization(**request["spec"])
+    try:
+        built = compile_spec_in_process(spec, request["arch"], Path(request["cache_dir"]))
+    except (KernelBuildError, toolchain.ToolchainError) as exc:
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        (out / ERROR_FILE).write_text(json.dumps(error))
+        return 1
+    (out / "kernel.hsaco").write_bytes(built.hsaco)
+    (out / "kernel.s").write_text(built.isa)
+    (out / "compile.log").write_text(built.log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
