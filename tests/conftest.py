@@ -336,11 +336,11 @@ def non_finite_v(case: AttentionCase) -> None:
             case.v_pool[page, 0, 8192 + 2] = 254
 
 
-def large_value_case(rng, context_lens, *, group=4) -> AttentionCase:
+def large_value_case(rng, context_lens, *, group=4, n_pages=16) -> AttentionCase:
     """SPEC §7 "PV range": every live V element is +-2**127 or +-1.5 * 2**127 (scale bytes
     253/254, the largest finite bf16-exact MXFP4 values), so the output (a weighted mean of V)
     is finite (about 2e38) but an unnormalized fp32 sum of P.V over two tokens overflows."""
-    case = attention_case(rng, context_lens, group=group, k_scales=(122, 126))
+    case = attention_case(rng, context_lens, group=group, n_pages=n_pages, k_scales=(122, 126))
     num_rows, num_kv = case.context_lens.shape
     for t in range(num_rows):
         for h in range(num_kv):

@@ -34,3 +34,14 @@ def required():
 
 def gpu():
     return jax.devices("gpu")[0]
+
+
+def units() -> int:
+    """The GPU's SM count, as the lowering reads it (``targets.native``); 132 without a GPU
+    (the tests using it are skipped then)."""
+    from jax_mxfp4.targets import CUDA, DEFAULT_UNITS
+
+    try:
+        return int(getattr(gpu(), "core_count", 0) or DEFAULT_UNITS[CUDA])
+    except RuntimeError:
+        return DEFAULT_UNITS[CUDA]

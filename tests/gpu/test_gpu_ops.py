@@ -27,6 +27,7 @@ from jax_mxfp4.backend import backend_scope
 from jax_mxfp4.reference.index_scores import scoring_query
 
 pytestmark = gpu_env.required()
+UNITS = gpu_env.units()  # SMs the lowering plans for
 
 
 def both(fn, *args, **static):
@@ -166,7 +167,7 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
             return dataclasses.replace(p, blocks=2, grid=(p.grid[0], (p.grid[1] + 1) // 2, 1))
 
         monkeypatch.setattr(index_scores, "plan", two_blocks)
-        assert index_scores.plan(8, 1, 8, 601).one_row
+        assert index_scores.plan(8, 1, 8, 601, UNITS).one_row
     elif shape == "prefill64":
         kw.update(scale_lo=60, scale_hi=70)
         case = prefill_index_case(rng, [64, 64, 40], [96, 500, 0], num_rows=168, **kw)
@@ -175,7 +176,7 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     if shape.startswith("prefill"):
         from jax_mxfp4.gpu.kernels import index_scores
 
-        tile = index_scores.plan(len(case.positions), 1, 3, case.num_blocks)
+        tile = index_scores.plan(len(case.positions), 1, 3, case.num_blocks, UNITS)
         assert tile.fold and tile.m == (64 if shape == "prefill64" else 128), tile
     kernel, ref = _index(case, q_round)
     assert np.array_equal(np.isneginf(kernel), np.isneginf(ref))
@@ -236,16 +237,16 @@ def test_sparse_attention(rng, rows, q_dtype):
     assert np.all(out[0].astype(np.float32) == 0)
 
 
-@pytest.mark.parametrize("rows", [1, 600], ids=["split", "direct"])
-def test_sparse_attention_pv_range(rng, rows):
-    """SPEC §7 "PV range": |V| up to 1.5 * 2**127 over 2048 tokens stays finite, through the
-    split-K merge (1 row: 8 splits) and the direct path (600 rows: 1 split)."""
+@pytest.mark.parametrize("rows,pages", [(1, 16), (600, 2)], ids=["split", "direct"])
+def test_sparse_attention_pv_range(rng, rows, pages):
+    """SPEC §7 "PV range": |V| up to 1.5 * 2**127 stays finite, through the split-K merge
+    (16 pages: 8 partitions of 2) and the direct path (a page table 2 pages wide: 1)."""
     from jax_mxfp4.gpu.kernels.sparse_attention import plan
 
-    assert (plan(rows, 16, 16).splits == 1) == (rows == 600)
-    ctx = np.full((rows, 1), 2048, np.int32)
-    ctx[-1, 0] = 1999
-    case = large_value_case(rng, ctx, group=16)
+    assert (plan(16, pages).splits == 1) == (pages == 2)
+    ctx = np.full((rows, 1), pages * 128, np.int32)
+    ctx[-1, 0] = pages * 128 - 49
+    case = large_value_case(rng, ctx, group=16, n_pages=pages)
     with backend_scope("auto"):
         out = np.asarray(jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE))(
             *case.args()))
@@ -272,11 +273,13 @@ def test_mxfp8_epilogue_is_quantize_of_the_bf16_output(rng, rows):
     np.testing.assert_array_equal(bits(values), bits(ref_values))
 
 
-@pytest.mark.parametrize("rows", [1, 300], ids=["split", "direct"])
-def test_mxfp8_epilogue_non_finite_blocks(rng, rows):
+@pytest.mark.parametrize("rows,pages", [(1, 16), (300, 2)], ids=["split", "direct"])
+def test_mxfp8_epilogue_non_finite_blocks(rng, rows, pages):
     """SPEC §15.13: an output block holding Inf or NaN (a NaN or infinite V token) gets scale
-    byte 255 and NaN values, through the split-K merge and the direct store."""
-    case = attention_case(rng, rng.integers(1, 16 * 128 + 1, (rows, 1)), group=16, n_pages=16)
+    byte 255 and NaN values, through the split-K merge and the direct store (a page table 2
+    pages wide). Rows ``t % 4 == 2`` get no non-finite V (``non_finite_v``)."""
+    case = attention_case(rng, rng.integers(1, pages * 128 + 1, (rows, 1)), group=16,
+                          n_pages=pages)
     non_finite_v(case)
 
     def run(output):
@@ -286,7 +289,8 @@ def test_mxfp8_epilogue_non_finite_blocks(rng, rows):
     values, scales = run("mxfp8")
     bf16 = run("bf16").reshape(rows, -1)
     non_finite = ~np.isfinite(bf16.astype(np.float32).reshape(rows, -1, 32)).all(-1)
-    assert non_finite.any(-1).all()
+    poisoned = np.arange(rows) % 4 != 2
+    assert (non_finite.any(-1) == poisoned).all()
     np.testing.assert_array_equal(scales == 255, non_finite)
     want_values, want_scales = oracle.quantize_mxfp8(bf16)
     np.testing.assert_array_equal(scales, want_scales)
