@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
+from jax_mxfp4.metadata import METADATA_DTYPES
 
 QUERY_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
 Q_ROUNDS = ("e4m3", "none")
@@ -120,8 +121,7 @@ def write_cache_args(pool_, x, slots, round_mode, names=("pool", "x", "slots")) 
         raise ValueError(
             f"{x_name} must have shape {layout} to match {pool_name}, got {_describe(x)}"
         )
-    if not jnp.issubdtype(slots.dtype, jnp.integer) or jnp.dtype(slots.dtype).itemsize < 4:
-        raise TypeError(f"{slots_name} must be int32 or int64, got {_describe(slots)}")
+    dtype_is(slots, slots_name, METADATA_DTYPES, "int32 or int64")
     rank_is(slots, slots_name, 1, "[T]")
     dim_is(slots, slots_name, 0, x.shape[0], f"[T={x.shape[0]}]")
     option(round_mode, "round_mode", ROUND_MODES)
