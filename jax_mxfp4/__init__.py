@@ -11,7 +11,7 @@
 SPEC.md says what each operation computes; ``jm.reference`` holds the plain-jnp versions.
 """
 
-from jax_mxfp4 import reference
+from jax_mxfp4 import metadata, reference
 from jax_mxfp4.api import (
     index_scores,
     select_blocks,
@@ -47,6 +47,7 @@ __all__ = [
     "dequantize_pool",
     "get_backend",
     "index_scores",
+    "metadata",
     "new_pool",
     "prefill_rows",
     "quantize_mxfp4",

@@ -59,6 +59,8 @@ def pool(p, name: str, *, heads: bool) -> None:
     dim_is(p, name, -1, PAGE_BYTES, layout)
     if p.shape[0] < 1:
         raise ValueError(f"{name} must hold at least one page, got {_describe(p)}")
+    if heads and p.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one kv head, got {_describe(p)}")
 
 
 def int32_vector(x, name: str, length: int) -> None:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from conftest import SM_SCALE, decode_index_case
 
-from jax_mxfp4.gpu.kernels import index_scores, mxfp4
+from jax_mxfp4.gpu.kernels import index_scores, mxfp4, select_blocks
 from jax_mxfp4.reference._common import folded_score_scale
 
 
@@ -97,10 +97,49 @@ def check_one_row_index_scores(rng) -> None:
     print("ok one_row_index_scores")
 
 
+def interpreted_select(scores, table, positions, requests, topk, init_blocks, local_blocks):
+    """select_blocks_kernel on one (row, head) per program, as the lowering launches it."""
+    heads, rows, num_blocks = scores.shape
+    ids = torch.full((heads, rows, topk), 7, dtype=torch.int32)
+    pages = torch.full((rows, heads, topk), 7, dtype=torch.int32)
+    ctx = torch.full((rows, heads), 7, dtype=torch.int32)
+    select_blocks.select_blocks_kernel[(rows, heads, 1)](
+        _torch(scores), _torch(table), _torch(positions), _torch(requests), ids, pages, ctx,
+        rows, table.shape[0], table.shape[1], num_blocks, init_blocks, local_blocks, H=heads,
+        NBP=select_blocks.padded(num_blocks), TOPK=topk, KP=select_blocks.padded(topk))
+    return ids.numpy(), pages.numpy(), ctx.numpy()
+
+
+def check_select_blocks(rng) -> None:
+    """Forced blocks by construction, scores that could outrank sentinels (1e30, +inf, NaN,
+    FLT_MAX), ties, -0/+0, position INT32_MAX, padding rows: equal to the oracle."""
+    heads, rows, num_blocks = 2, 12, 9
+    scores = rng.integers(-2, 3, (heads, rows, num_blocks)).astype(np.float32)
+    poison = np.array([1e30, np.inf, np.nan, -np.inf, 3.4e38, -0.0], np.float32)
+    mask = rng.random(scores.shape) < 0.4
+    scores[mask] = rng.choice(poison, mask.sum())
+    table = rng.integers(0, 1000, (3, num_blocks + 1)).astype(np.int32)
+    positions = rng.integers(-1, num_blocks * 128 + 300, rows).astype(np.int32)
+    positions[:3] = [2**31 - 1, -1, 130]
+    requests = rng.integers(0, 3, rows).astype(np.int32)
+    requests[3] = 5  # outside the table: a padding row
+    for topk, init_blocks, local_blocks in [(2, 1, 1), (3, 2, 2), (16, 0, 1), (1, 3, 0)]:
+        got = interpreted_select(scores, table, positions, requests, topk, init_blocks,
+                                 local_blocks)
+        spec_pos = np.where((requests >= 0) & (requests < 3), positions, -1)
+        want = oracle.select_blocks(scores, table, spec_pos, np.clip(requests, 0, 2),
+                                    topk=topk, init_blocks=init_blocks,
+                                    local_blocks=local_blocks)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    print("ok select_blocks")
+
+
 def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
     check_one_row_index_scores(rng)
+    check_select_blocks(rng)
     return 0
 
 

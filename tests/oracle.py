@@ -346,14 +346,27 @@ class Selection(NamedTuple):
     context_lens: np.ndarray  # int32[T, H]
 
 
-def block_keys(scores_row, valid: int, init_blocks: int, local_blocks: int) -> np.ndarray:
-    """float64 keys of blocks 0..valid-1 of one (head, row)."""
-    keys = np.asarray(scores_row[:valid], np.float64).copy()
-    keys[np.isnan(keys)] = -1e30
-    keys[: max(init_blocks, 0)] = 1e30
-    if local_blocks > 0:
-        keys[max(valid - local_blocks, 0) :] = 1e29  # local overrides init
-    return keys
+def score_order_key(score) -> tuple:
+    """Sort key of one score, larger is better (SPEC §6): ``+inf > finite > NaN > -inf``,
+    ``-0 < +0``."""
+    s = float(score)
+    if np.isnan(s):
+        return (1, 0.0, 0)
+    if s == -np.inf:
+        return (0, 0.0, 0)
+    return (2, s, 0 if np.signbit(s) else 1)
+
+
+def selection_order(scores_row, valid: int, init_blocks: int, local_blocks: int) -> list:
+    """Blocks 0..valid-1 of one (head, row) in selection order (SPEC §6): the forced blocks
+    first (init blocks, then the local blocks that are not init blocks, ascending), then the
+    others by score, best first, ties to the lower block."""
+    init = min(max(init_blocks, 0), valid)
+    first_local = max(valid - max(local_blocks, 0), init)
+    forced = list(range(init)) + list(range(first_local, valid))
+    rest = sorted(range(init, first_local),
+                  key=lambda j: (tuple(-k for k in score_order_key(scores_row[j])), j))
+    return forced + rest
 
 
 def select_blocks(scores, block_table, positions, requests, *, topk: int = 16,
@@ -372,9 +385,7 @@ def select_blocks(scores, block_table, positions, requests, *, topk: int = 16,
         valid = min(p // PAGE_TOKENS + 1, num_blocks)
         self_blk = p // PAGE_TOKENS
         for h in range(num_heads):
-            keys = block_keys(scores[h, n], valid, init_blocks, local_blocks)
-            # key descending, block index ascending on ties (a stable sort of -key)
-            order = sorted(range(valid), key=lambda j, k=keys: (-k[j], j))
+            order = selection_order(scores[h, n], valid, init_blocks, local_blocks)
             chosen = order[: min(topk, valid)]
             ids[h, n, : len(chosen)] = chosen
             full = [j for j in chosen if j != self_blk]

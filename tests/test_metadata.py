@@ -63,7 +63,7 @@ def _cases(rng) -> dict[str, Case]:
                 requests=index.requests)
     table_ids = [(0, 2), (1, 1)]  # the blocks the rows of both requests sit in
     flat_table = [np.ravel_multi_index(i, index.block_table.shape) for i in table_ids]
-    return {
+    cases = {
         "write_cache.slots": Case(jm.write_cache, [pool, x, slots],
                                   wide={2: ("id", [0, 1, 3], [1, -1, 1])}),
         "write_kv_cache.slots": Case(write_kv, [slots, slots[::-1].copy()],
@@ -99,6 +99,15 @@ def _cases(rng) -> dict[str, Case]:
            for name, k, flat in [("block_table", 0, flat_table), ("positions", 1, [1, 3]),
                                  ("requests", 2, [0, 3])]},
     }
+    # jm.reference keeps the rule too (it is public, and it is the reference lowering).
+    for name in [n for n in cases if n.split(".")[0] in REFERENCE_OPS]:
+        case = cases[name]
+        reference_fn = getattr(jm.reference, name.split(".")[0])
+        cases["reference." + name] = Case(reference_fn, case.args, case.static, case.wide)
+    return cases
+
+
+REFERENCE_OPS = ("write_cache", "index_scores", "select_blocks", "sparse_attention")
 
 
 CASE_NAMES = list(_cases(np.random.default_rng(0)))
@@ -118,9 +127,9 @@ def _widened(arg: np.ndarray, kind: str, flat: list, signs: list):
 
 
 def _run(case: Case, args, mode: str):
-    x64 = jax.enable_x64(True) if mode != "x64_off_host" else contextlib.nullcontext()
+    x64 = jax.enable_x64(True) if mode.startswith("x64_on") else contextlib.nullcontext()
     with x64:
-        if mode == "x64_on_traced":
+        if mode.endswith("traced"):
             args = [jnp.asarray(a) if isinstance(a, np.ndarray) and a.dtype == np.int64 else a
                     for a in args]
             fn = jax.jit(lambda *a: case.fn(*a, **case.static))
@@ -130,17 +139,22 @@ def _run(case: Case, args, mode: str):
         return jax.tree.map(np.asarray, out)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", CASE_NAMES)
+# jm.reference's host path is the API's (metadata.as_int32); its eager calls are slow (every
+# lax.map body compiles again), so it runs traced, in the graph, where it differs.
+PARAMS = [(name, mode) for name in CASE_NAMES for mode in MODES
+          if not name.startswith("reference.") or mode == "x64_on_traced"]
+
+
+@pytest.mark.parametrize(("name", "mode"), PARAMS)
 def test_int64_metadata_takes_its_out_of_range_meaning(rng, name, mode):
     case = _cases(rng)[name]
     (index, (kind, flat, signs)), = case.wide.items()
     wide, meant = _widened(case.args[index], kind, flat, signs)
     got = _run(case, [wide if i == index else a for i, a in enumerate(case.args)], mode)
-    want = _run(case, [meant if i == index else a for i, a in enumerate(case.args)],
-                "x64_off_host")
+    baseline = "x64_off_traced" if name.startswith("reference.") else "x64_off_host"  # int32
+    want = _run(case, [meant if i == index else a for i, a in enumerate(case.args)], baseline)
     wrapped = _run(case, [wide.astype(np.int32) if i == index else a
-                          for i, a in enumerate(case.args)], "x64_off_host")
+                          for i, a in enumerate(case.args)], baseline)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert oracle.bits_equal(g, w).all() if g.dtype.kind in "fV" else (g == w).all()

@@ -3,7 +3,8 @@
 GPU. Mutations (2026-11-29): swapping the inner joins of ``mxfp4.words_fp32`` (elements of
 each word trade places) fails the page check (36 % of the elements differ); scaling the
 one-row scorer's groups by ``2**7`` instead of ``2**8`` fails the scoring check (every live
-score differs)."""
+score differs). The select_blocks kernel with the old sentinel keys (init 1e30, local 1e29)
+fails its check (a 1e30 or +inf score outranks a local block)."""
 
 from __future__ import annotations
 
@@ -25,4 +26,5 @@ def test_interpreted_kernels_match_the_oracle():
     done = subprocess.run([sys.executable, str(here / "interpreted_kernels.py")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert done.stdout.split() == ["ok", "page_values", "ok", "one_row_index_scores"]
+    assert done.stdout.split() == ["ok", "page_values", "ok", "one_row_index_scores", "ok",
+                                   "select_blocks"]

@@ -19,6 +19,7 @@ from jax.interpreters import mlir
 from jax_mxfp4.gpu import compiler
 from jax_mxfp4.gpu import launch as L
 from jax_mxfp4.gpu.compiler import Target
+from jax_mxfp4.pages import last_writer_slots
 from jax_mxfp4.reference._common import folded_score_scale
 
 ROUND_CODES = {"up": 0, "even": 1, "down": 2}
@@ -79,17 +80,6 @@ def _launch(kernel, grid, params) -> L.Launch:
 # H200, bench/gpu_diagnose.py --probes: the kernel with / without its scan takes 6.7 / 7.1 us
 # at 32 tokens, 21.0 / 8.3 us at 4096, 180.7 / 16.7 us at 16384.
 KERNEL_DEDUP_MAX_ROWS = 4096
-
-
-def last_writer_slots(slots: jnp.ndarray) -> jnp.ndarray:
-    """``slots`` (int32 ``[T]``) with every row that a later row overwrites set to -1, so
-    that writing the rows in any order keeps the last writer of each slot. O(T log T): a
-    stable sort puts each slot's rows in row order, and the last of each run is kept."""
-    order = jnp.argsort(slots, stable=True)
-    ordered = slots[order]
-    last = jnp.append(ordered[1:] != ordered[:-1], True)
-    keep = jnp.zeros(slots.shape, jnp.bool_).at[order].set(last)
-    return jnp.where(keep, slots, -1)
 
 
 def write_cache(ctx, pool, x, slots, *, round_mode):

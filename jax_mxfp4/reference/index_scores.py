@@ -20,6 +20,7 @@ from jax import lax
 from jax_mxfp4 import formats
 from jax_mxfp4._bits import widen_rounded
 from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.reference._common import (
     folded_score_scale,
     map_row_chunks,
@@ -86,6 +87,10 @@ def index_scores(
       sm_scale: softmax scale; the output carries ``fp32(sm_scale * 1.4426950409)``.
       q_round: ``"e4m3"`` rounds a bf16 query to e4m3 first, ``"none"`` keeps it.
     """
+    q, index_pool = jnp.asarray(q), jnp.asarray(index_pool)
+    block_table = as_int32(block_table, "block_table", "id")  # SPEC §15.16
+    positions = as_int32(positions, "positions", "id")
+    requests = as_int32(requests, "requests", "id")
     num_rows = q.shape[0]
     num_requests, num_pages = block_table.shape[0], index_pool.shape[0]
     score_scale = folded_score_scale(sm_scale)

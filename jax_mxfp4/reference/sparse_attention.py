@@ -21,7 +21,8 @@ from jax_mxfp4._bits import (
     pow2,
     widen_rounded,
 )
-from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.formats import HEAD_DIM, PAGE_TOKENS
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.reference._common import (
     FLT_MIN,
     map_row_chunks,
@@ -72,8 +73,8 @@ def _attend_rows(q8, q_exp, q_mant, pages, context, k_pool, v_pool, sm_scale):
     keys, key_exp = token_keys(k_pool[safe, heads])  # [c, Hkv, n, 128, D], [c, Hkv, n, 128]
     values = token_values(v_pool[safe, heads])
     tokens = n * PAGE_TOKENS
-    keys = keys.reshape(rows, num_kv_heads, tokens, -1)
-    values = values.reshape(rows, num_kv_heads, tokens, -1)
+    keys = keys.reshape(rows, num_kv_heads, tokens, HEAD_DIM)
+    values = values.reshape(rows, num_kv_heads, tokens, HEAD_DIM)
     key_exp = key_exp.reshape(rows, num_kv_heads, tokens)
     live = (jnp.arange(tokens) < context[..., None]) & jnp.repeat(page_ok, PAGE_TOKENS, axis=-1)
 
@@ -111,6 +112,9 @@ def sparse_attention(
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``, the MXFP8 quantization of the bf16 output.
     """
+    q, k_pool, v_pool = jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool)
+    page_table = as_int32(page_table, "page_table", "id")  # SPEC §15.16
+    context_lens = as_int32(context_lens, "context_lens", "length")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
