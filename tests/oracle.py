@@ -308,9 +308,12 @@ def index_scores(q, index_pool, block_table, positions, requests, *, num_blocks:
             live = int(min(max(p - j * PAGE_TOKENS + 1, 0), PAGE_TOKENS))
             if live == 0 or not 0 <= page < num_pages:
                 continue
-            dots = pages[page, :live] @ qe[n].T  # [live, H], exact products, float64 sums
-            with np.errstate(over="ignore"):
-                out[:, n, j] = dots.max(axis=0).astype(np.float32) * scale
+            with np.errstate(over="ignore", invalid="ignore"):
+                dots = pages[page, :live] @ qe[n].T  # [live, H], exact products, f64 sums
+                logits = dots.astype(np.float32)
+                best = logits.max(axis=0) * scale
+            # SPEC §15.18: a live logit that is not finite in fp32 (NaN key or query, overflow)
+            out[:, n, j] = np.where(np.isfinite(logits).all(axis=0), best, np.nan)
     return out
 
 
@@ -414,7 +417,7 @@ def attention_query_values(q) -> tuple[np.ndarray, np.ndarray]:
     q32 = q.astype(np.float32)
     amax = np.max(np.abs(q32), axis=-1)
     q_scale = np.maximum(amax / np.float32(E4M3_MAX), np.float32(FLT_MIN)).astype(np.float32)
-    with np.errstate(over="ignore", under="ignore"):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         ratio = q32 / q_scale[..., None]  # fp32 division, correctly rounded
     return round_e4m3_sat(ratio.astype(np.float64)), q_scale.astype(np.float64)
 
@@ -425,7 +428,9 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
     q8, q_scale = attention_query_values(q)
     num_rows, num_q_heads, _ = q8.shape
     kp = dequant_pool(k_pool)  # [P, Hkv, 128, D]
-    vp = dequant_pool(v_pool)
+    # V elements are fp32 values (SPEC §15.18): past the fp32 range they are infinite.
+    with np.errstate(over="ignore"):
+        vp = dequant_pool(v_pool).astype(np.float32).astype(np.float64)
     num_pages, num_kv_heads = kp.shape[:2]
     group = num_q_heads // num_kv_heads
     table = np.asarray(page_table).astype(np.int64)
@@ -449,9 +454,15 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
             k = np.concatenate(ks)
             v = np.concatenate(vs)
             heads = slice(h * group, (h + 1) * group)
-            logits = (q8[t, heads] @ k.T) * q_scale[t, heads, None] * sm_scale  # [G, n]
-            w = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            out[t, heads] = (w @ v) / w.sum(axis=-1, keepdims=True)
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaled = (q8[t, heads] @ k.T) * q_scale[t, heads, None]  # [G, n]
+                logits = scaled * sm_scale
+                # SPEC §15.18: a live logit that is not finite in fp32 -> that q head is NaN
+                finite = (np.isfinite(scaled.astype(np.float32))
+                          & np.isfinite(logits.astype(np.float32))).all(axis=-1)
+                w = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                out[t, heads] = (w @ v) / w.sum(axis=-1, keepdims=True)
+            out[t, heads] = np.where(finite[:, None], out[t, heads], np.nan)
     return out
 
 

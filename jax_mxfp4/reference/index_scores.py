@@ -8,7 +8,8 @@ absolute position and request. Per index head ``h``, row ``t`` and block ``j``::
 
 with ``page(t, j) = block_table[requests[t], j]``, token ``k`` live iff ``j*128 + k <=
 positions[t]``, and ``-inf`` where no token is live (past the row's reach, padding rows, pages
-outside the pool: SPEC §15.3, §15.6).
+outside the pool: SPEC §15.3, §15.6); NaN where a live token's logit is not finite (SPEC
+§15.18).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _block_maxima_gathered(qe, keys, exponent, requests, live):
     def rows(qe, requests, live):
         dots = jnp.einsum("thd,tkd->thk", qe, keys[requests], precision=lax.Precision.HIGHEST)
         logits = scale_by_exponent(dots, exponent[requests][:, None, :])
-        return jnp.max(jnp.where(live[:, None, :], logits, -jnp.inf), axis=-1)
+        return _live_max(logits, live)
 
     per_row_bytes = 4 * keys.shape[-2] * (keys.shape[-1] + qe.shape[1])
     chunk = rows_per_chunk(per_row_bytes, qe.shape[0])
@@ -61,7 +62,16 @@ def _block_maxima_dense(qe, keys, exponent, requests, live):
     dots = jnp.einsum("thd,bkd->tbhk", qe, keys, precision=lax.Precision.HIGHEST)
     dots = jnp.take_along_axis(dots, requests[:, None, None, None], axis=1)[:, 0]
     logits = scale_by_exponent(dots, exponent[requests][:, None, :])
-    return jnp.max(jnp.where(live[:, None, :], logits, -jnp.inf), axis=-1)
+    return _live_max(logits, live)
+
+
+def _live_max(logits, live) -> jnp.ndarray:
+    """Max over the live tokens (``live [T, 128]``) of ``logits f32[T, H, 128]`` -> ``[T, H]``:
+    ``-inf`` with none, NaN where a live logit is not finite (SPEC §15.18: a NaN key or query,
+    or an fp32 overflow, whatever the summation order made of it)."""
+    seen = live[:, None, :]
+    best = jnp.max(jnp.where(seen, logits, -jnp.inf), axis=-1)
+    return jnp.where(jnp.any(seen & ~jnp.isfinite(logits), axis=-1), jnp.nan, best)
 
 
 def index_scores(

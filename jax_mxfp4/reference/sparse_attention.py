@@ -4,7 +4,9 @@ Rows are (token ``t``, kv head ``h``); row ``(t, h)`` attends with q heads ``h*G
 (``G = Hq // Hkv``) over the first ``context_lens[t, h]`` tokens of the pages
 ``page_table[t, h, :]`` of kv head ``h``. Tokens past the context, and every token of a page id
 outside ``[0, P)``, are masked (score ``-inf`` and value 0, so garbage cannot leak); a row with
-nothing to attend to outputs zeros.
+nothing to attend to outputs zeros. A live token whose logit is not finite (a NaN key or query,
+an overflow) makes its q head's output NaN; NaN and infinite V elements of live tokens enter
+the weighted sum as IEEE arithmetic says (SPEC §15.18).
 """
 
 from __future__ import annotations
@@ -81,14 +83,16 @@ def _attend_rows(q8, q_exp, q_mant, pages, context, k_pool, v_pool, sm_scale):
     dots = jnp.einsum("thgd,thkd->thgk", q8, keys, precision=lax.Precision.HIGHEST)
     logits = scale_by_exponent(dots, key_exp[:, :, None, :] + q_exp[..., None])
     logits = logits * q_mant[..., None] * jnp.float32(sm_scale)
-    logits = jnp.where(live[:, :, None, :], logits, -jnp.inf)
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    row_max = jnp.max(jnp.where(live[:, :, None, :], logits, -jnp.inf), axis=-1, keepdims=True)
     weights = jnp.where(live[:, :, None, :], jnp.exp(logits - row_max), 0.0)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     # Normalize before the PV sum so large finite values cannot overflow the fp32 sum.
     weights = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
     values = jnp.where(live[..., None], values, 0.0)
-    return jnp.einsum("thgk,thkd->thgd", weights, values, precision=lax.Precision.HIGHEST)
+    out = jnp.einsum("thgk,thkd->thgd", weights, values, precision=lax.Precision.HIGHEST)
+    # A live logit that is not finite makes the q head's whole output NaN (SPEC §15.18).
+    poisoned = jnp.any(live[:, :, None, :] & ~jnp.isfinite(logits), axis=-1)
+    return jnp.where(poisoned[..., None], jnp.nan, out)
 
 
 def sparse_attention(
