@@ -14,6 +14,7 @@ import numpy as np
 
 from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
 from jax_mxfp4.metadata import METADATA_DTYPES
+from jax_mxfp4.reference._common import LOG2E_LITERAL
 
 QUERY_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
 Q_ROUNDS = ("e4m3", "none")
@@ -97,8 +98,23 @@ def scale(value, name: str = "sm_scale") -> float:
         f = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a Python float, got {value!r}") from None
-    if not (math.isfinite(f) and f > 0 and math.isfinite(np.float32(f))):
+    with np.errstate(over="ignore"):
+        f32 = np.float32(f)
+    if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
         raise ValueError(f"{name} must be finite and positive in fp32, got {value!r}")
+    return f
+
+
+def score_scale(value, name: str = "sm_scale") -> float:
+    """:func:`scale`, and ``fp32(sm_scale * 1.4426950409)`` (the scorers' folded scale, SPEC
+    §4) finite and positive too."""
+    f = scale(value, name)
+    with np.errstate(over="ignore"):
+        folded = np.float32(f * LOG2E_LITERAL)
+    if not (np.isfinite(folded) and folded > 0):
+        raise ValueError(
+            f"{name} must make {name} * log2(e) a finite positive fp32, got {value!r}"
+        )
     return f
 
 
@@ -135,7 +151,7 @@ def index_scores_args(q, index_pool, table, positions, requests, num_blocks, sm_
     positive_int(num_blocks, "num_blocks")
     block_table(table, num_blocks)
     rows(positions, requests, q.shape[0])
-    scale(sm_scale)
+    score_scale(sm_scale)
     option(q_round, "q_round", Q_ROUNDS)
 
 
