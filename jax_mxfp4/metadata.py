@@ -15,6 +15,11 @@ the out-of-range meaning SPEC §15.6 gives its kind instead of wrapping onto ano
 Host arrays (numpy arrays, lists) are mapped on the host, before ``jnp.asarray`` could narrow
 them (with ``jax_enable_x64`` off it wraps 2**32 + 5 to 5); int64 JAX arrays (x64 on, possibly
 traced) are mapped in the graph. The two give the same int32 values.
+
+A function the caller jits gets its arguments through JAX's own conversion at the jit
+boundary, which with x64 off wraps host int64 arrays before any code here runs: such a caller
+maps them first with :func:`as_int32` (public as ``jm.metadata.as_int32``), passes int32, or
+enables x64.
 """
 
 from __future__ import annotations
