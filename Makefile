@@ -57,3 +57,26 @@ asan: $(VENV)/.installed-test
 		--config-settings=cmake.define.JAX_MXFP4_ASAN=ON \
 		--config-settings=build-dir=$(ASAN_BUILD) .
 	LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0 $(VPY) -c "$(ASAN_RUN)"
+
+# `make fuzz`: the long metadata fuzzing run (`pytest -m fuzz`: tests/test_fuzz.py, with
+# JAX_MXFP4_FUZZ_EXAMPLES examples per case, 400 by default) and the boundary, edge and
+# non-finite tests, all through the public API, against the CPU FFI handlers built with
+# AddressSanitizer as for `make asan` (an access outside a pool is reported where it happens).
+# --capture=sys: with pytest's default fd capture an ASan report goes to the capture file and
+# the run just exits 1, silently.
+FUZZ_TESTS := 'tests/test_fuzz.py', 'tests/test_checks.py', 'tests/test_edges.py', \
+	'tests/test_nonfinite.py', 'tests/test_metadata.py'
+FUZZ_RUN := import glob, importlib.util, sys; \
+	path = glob.glob('$(ASAN_BUILD)/ffi/_ffi_cpu*.so')[0]; \
+	spec = importlib.util.spec_from_file_location('jax_mxfp4._ffi_cpu', path); \
+	mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); \
+	sys.modules['jax_mxfp4._ffi_cpu'] = mod; print('FFI handlers from', path); \
+	import pytest; sys.exit(pytest.main(['-q', '--capture=sys', '-p', 'no:cacheprovider', \
+	'-m', 'fuzz or not fuzz', $(FUZZ_TESTS)]))
+
+.PHONY: fuzz
+fuzz: $(STAMP)
+	$(VPY) -m pip wheel -q --no-build-isolation --no-deps -w $(ASAN_BUILD)/dist \
+		--config-settings=cmake.define.JAX_MXFP4_ASAN=ON \
+		--config-settings=build-dir=$(ASAN_BUILD) .
+	LD_PRELOAD="$(ASAN_LIB)" ASAN_OPTIONS=detect_leaks=0 $(VPY) -c "$(FUZZ_RUN)"

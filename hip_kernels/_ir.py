@@ -236,6 +236,27 @@ def fmin(a, b):
     return arith.minnumf(raw(a), raw(b))
 
 
+def fmax_nan(a, b):
+    """IEEE 754-2019 ``maximum``: NaN when either operand is NaN (``fmax`` drops a NaN)."""
+    return arith.maximumf(raw(a), raw(b))
+
+
+def fmin_nan(a, b):
+    """IEEE 754-2019 ``minimum``: NaN when either operand is NaN."""
+    return arith.minimumf(raw(a), raw(b))
+
+
+def not_finite(x):
+    """Whether fp32 ``x`` is NaN or infinite, decided on its bits (``|bits| > FLT_MAX``'s), so
+    no floating-point simplification can fold the test away."""
+    return ugt(band(f32_bits(x), ci32(0x7FFFFFFF)), ci32(0x7F7FFFFF))
+
+
+def is_nan(x):
+    """Whether fp32 ``x`` is NaN, decided on its bits."""
+    return ugt(band(f32_bits(x), ci32(0x7FFFFFFF)), ci32(0x7F800000))
+
+
 def feq(a, b):
     return arith.cmpf(arith.CmpFPredicate.OEQ, raw(a), raw(b))
 
@@ -355,6 +376,19 @@ def lane_read_f32(x, src_lane):
     """The f32 ``x`` held by lane ``src_lane`` (``ds_bpermute``)."""
     index = shl(src_lane, ci32(2))
     return f32_from_bits(rocdl.ds_bpermute(i32(), raw(index), raw(f32_bits(x))))
+
+
+def nan_scale_tokens(scale, c) -> list:
+    """For the 16x16 MFMA tile whose A operand lane (g, i) holds token i's scale byte of
+    group g (``scale``, i32): whether each of the four tokens ``4g + v`` (v = 0..3) whose
+    accumulator rows this lane holds has a scale byte 255 (NaN keys, SPEC §15.18) in any of
+    its four groups, as i1. Cross-lane: OR over the lane groups, then a read of lane
+    ``4g + v``."""
+    flag = select(eq(scale, ci32(255)), cf32(1.0), cf32(0.0))
+    flag = fmax(flag, lane_xor_f32(flag, c.lane, 16))
+    flag = fmax(flag, lane_xor_f32(flag, c.lane, 32))
+    return [fgt(lane_read_f32(flag, add(mul(c.grp, ci32(4)), ci32(v))), cf32(0.0))
+            for v in range(4)]
 
 
 def barrier() -> None:

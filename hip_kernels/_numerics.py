@@ -2,8 +2,9 @@
 
 Every helper emits gfx950 instructions whose rounding is the SPEC's: ``v_cvt_pk_fp8_f32``
 rounds to nearest even (MODE register default) and saturation is an explicit clamp to ±448
-first (SPEC §15.2); bf16 values widen to fp32 exactly by a 16-bit shift; e2m1 codes widen with
-``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (exact) and are scaled by an exact fp32 power of two.
+first (SPEC §15.2) that keeps NaN (§15.18); bf16 values widen to fp32 exactly by a 16-bit
+shift; e2m1 codes widen with ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (exact) and are scaled
+by an exact fp32 power of two.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ E4M3_NAN_WORD = 0x7F7F7F7F
 
 
 def clamp_e4m3(x):
-    """``clamp(x, -448, 448)`` in fp32."""
-    return I.fmin(I.fmax(x, I.cf32(-E4M3_MAX)), I.cf32(E4M3_MAX))
+    """``clamp(x, -448, 448)`` in fp32; NaN stays NaN (SPEC §15.18: ``fmax`` would turn it
+    into -448)."""
+    return I.fmin_nan(I.fmax_nan(x, I.cf32(-E4M3_MAX)), I.cf32(E4M3_MAX))
 
 
 def pack_e4m3x4(values) -> object:

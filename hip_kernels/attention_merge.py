@@ -3,7 +3,8 @@
 Partition ``p`` of row ``r`` left ``m_p`` (its base-2 row max), ``l_p`` (its row sum) and
 ``o_p = O_p / l_p`` rounded to bf16 (SPEC §7). The merge takes
 ``M = max_p m_p``, ``w_p = 2**(m_p - M) * l_p`` (0 for an empty partition) and writes
-``out = bf16(sum_p w_p o_p / sum_p w_p)`` (zeros when every partition is empty), or its MXFP8
+``out = bf16(sum_p w_p o_p / sum_p w_p)`` (zeros when every partition is empty; NaN when a
+partition's ``m_p`` is NaN: a poisoned q head, SPEC §15.18), or its MXFP8
 quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16 block amax and
 ``e4m3(x * 2**(127 - sb))``.
 
@@ -81,9 +82,12 @@ def _body(spec: Specialization, a) -> None:
     with I.when(I.lt(head, I.ci32(spec.group))):
         def find_max(p, carried):
             m, total = _stats(a, r, p, head, spec.group)
-            return [I.select(I.fgt(total, I.cf32(0.0)), I.fmax(carried[0], m), carried[0])]
+            poisoned = I.select(I.is_nan(m), I.cf32(1.0), carried[1])  # SPEC §15.18
+            return [I.select(I.fgt(total, I.cf32(0.0)), I.fmax(carried[0], m), carried[0]),
+                    poisoned]
 
-        top = I.loop(I.ci32(0), a.num_partitions, [I.cf32(I.NEG_INF)], find_max)[0]
+        top, poisoned = I.loop(I.ci32(0), a.num_partitions,
+                               [I.cf32(I.NEG_INF), I.cf32(0.0)], find_max)
 
         def accumulate(p, carried):
             m, total = _stats(a, r, p, head, spec.group)
@@ -98,6 +102,8 @@ def _body(spec: Specialization, a) -> None:
         nonzero = I.fgt(total, I.cf32(0.0))
         safe = I.select(nonzero, total, I.cf32(1.0))
         values = [I.select(nonzero, I.fdiv(x, safe), I.cf32(0.0)) for x in acc]
+        nan = I.fgt(poisoned, I.cf32(0.0))
+        values = [I.select(nan, I.cf32(float("nan")), v) for v in values]
         row_head = I.add(I.mul(r, I.ci32(spec.group)), head)
         store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
 

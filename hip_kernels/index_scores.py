@@ -19,6 +19,8 @@ Work split (4 waves of 64 lanes per workgroup):
   request recompute identical values);
 * the causal mask is ``j*128 + k <= position``; pages past every row's reach are not loaded;
   a page id outside ``[0, P)``, a padding row or a request outside ``[0, B)`` scores ``-inf``;
+  a live token whose logit is not finite (a scale byte 255 in any of its groups, a NaN query
+  element, an overflow) makes the score NaN (SPEC §15.18);
 * per column the 4 block maxima are reduced across the 4 lane groups and stored merged: the
   4 lanes of a column write 4 consecutive floats (16 contiguous bytes of the output row).
 
@@ -176,9 +178,12 @@ def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
 
 
 def _score_block(lds, c: I.LaneContext, b_operand, owned, page_ok, j):
-    """Max over the page's live tokens of this lane's column, reduced over the lane groups."""
+    """Max over the page's live tokens of this lane's column, reduced over the lane groups;
+    NaN when a live token's logit is not finite (a NaN key scale, a NaN query, an overflow:
+    SPEC §15.18), tracked explicitly (``fmax`` drops NaN)."""
     slot_base = I.mul(c.bwave, I.ci32(PAGE_BYTES))
     best = I.cf32(I.NEG_INF)
+    poisoned = I.cf32(0.0)
     limit = I.sub(c.pos, I.mul(j, I.ci32(128)))  # token k is live iff k <= limit
     usable = I.land(owned, page_ok)
     for m in range(8):
@@ -191,12 +196,19 @@ def _score_block(lds, c: I.LaneContext, b_operand, owned, page_ok, j):
         d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
                                    fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
                                    scale_a=scale, scale_b=I.ci32(127))
+        nan_keys = I.nan_scale_tokens(scale, c)
         for v in range(4):
             k = I.add(I.ci32(16 * m + v), I.mul(c.grp, I.ci32(4)))
             live = I.land(usable, I.le(k, limit))
-            best = I.fmax(best, I.select(live, I.extract(d, v), I.cf32(I.NEG_INF)))
+            logit = I.extract(d, v)
+            best = I.fmax(best, I.select(live, logit, I.cf32(I.NEG_INF)))
+            bad = I.land(live, I.lor(I.not_finite(logit), nan_keys[v]))
+            poisoned = I.select(bad, I.cf32(1.0), poisoned)
     best = I.fmax(best, I.lane_xor_f32(best, c.lane, 16))
-    return I.fmax(best, I.lane_xor_f32(best, c.lane, 32))
+    best = I.fmax(best, I.lane_xor_f32(best, c.lane, 32))
+    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 16))
+    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 32))
+    return I.select(I.fgt(poisoned, I.cf32(0.0)), I.cf32(float("nan")), best)
 
 
 def _store_scores(g: _Geometry, a, c: I.LaneContext, values, mask) -> None:

@@ -15,6 +15,10 @@ Per half page (64 tokens) a wave runs:
 * **softmax**, base 2: scores ``s = acc * mantissa * sm_scale * log2(e)``; tokens at or past
   ``ctx``, and every token of a page id outside ``[0, P)``, score ``-inf`` and get a zero V
   scale (garbage and e8m0 0/255 cannot leak); running max per q head, per-lane partial sums.
+  A live score that is not finite (a key scale byte 255 in any group, a NaN query element, an
+  overflow) poisons its q head: a per-lane flag, merged with the waves' ``m`` as NaN, makes
+  the head's output NaN (SPEC §15.18); live V elements that are NaN or infinite reach the
+  output through the PV sum.
 * **PV**: V widened exactly to bf16 (e2m1 via ``v_cvt_scalef32_pk_f32_fp4`` at scale 1, times
   the exact fp32 e8m0 value, truncated) into a wave-private transposed LDS tile
   ``[128 dims][32 tokens]``; 16 ``v_mfma_f32_16x16x32_bf16`` with P (bf16, pre-scaled by 2**-12
@@ -140,9 +144,10 @@ def _page(a, c: I.LaneContext, k):
     return base, ok
 
 
-def _scores(a, c: I.LaneContext, q, base, ok, k, half) -> list:
+def _scores(a, c: I.LaneContext, q, base, ok, k, half, poisoned) -> tuple:
     """Base-2 scores of this lane over half page ``half`` (64 tokens): 4 tiles x 4 tokens
-    (``16m + 4g + v``, m = 4*half .. 4*half+3) for q head ``col``."""
+    (``16m + 4g + v``, m = 4*half .. 4*half+3) for q head ``col``, and ``poisoned`` (f32
+    0/1) updated for a live score that is not finite or a live token with NaN keys."""
     b_operand, b_scale, factor = q
     limit = I.select(ok, I.sub(c.ctx, I.mul(k, I.ci32(128))), I.ci32(0))  # live iff token < limit
     out = []
@@ -157,11 +162,16 @@ def _scores(a, c: I.LaneContext, q, base, ok, k, half) -> list:
         d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
                                    fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
                                    scale_a=a_scale, scale_b=b_scale)
+        nan_keys = I.nan_scale_tokens(a_scale, c)
         for v in range(4):
             tok = I.add(I.add(I.mul(m, I.ci32(16)), I.ci32(v)), I.mul(c.grp, I.ci32(4)))
-            s = I.fmul(I.extract(d, v), factor)
-            out.append(I.select(I.lt(tok, limit), s, I.cf32(I.NEG_INF)))
-    return out
+            dot = I.extract(d, v)
+            s = I.fmul(dot, factor)
+            live = I.lt(tok, limit)
+            bad = I.lor(I.lor(I.not_finite(dot), I.not_finite(s)), nan_keys[v])
+            poisoned = I.select(I.land(live, bad), I.cf32(1.0), poisoned)
+            out.append(I.select(live, s, I.cf32(I.NEG_INF)))
+    return out, poisoned
 
 
 def _stage_v(a, c: I.LaneContext, lds_wave, base, ok, k, step) -> None:
@@ -211,10 +221,10 @@ def _row_values(x, c: I.LaneContext) -> list:
 
 def _page_update(spec, a, c: I.LaneContext, q, lds_wave, k, half, state) -> list:
     """Online softmax and PV over half ``half`` (64 tokens) of page slot ``k``;
-    ``state = [m, l, O0..O7]``."""
-    m_old, l_old, acc = state[0], state[1], state[2:]
+    ``state = [m, l, poisoned, O0..O7]``."""
+    m_old, l_old, poisoned, acc = state[0], state[1], state[2], state[3:]
     base, ok = _page(a, c, k)
-    scores = _scores(a, c, q, base, ok, k, half)
+    scores, poisoned = _scores(a, c, q, base, ok, k, half, poisoned)
     page_max = scores[0]
     for s in scores[1:]:
         page_max = I.fmax(page_max, s)
@@ -235,14 +245,18 @@ def _page_update(spec, a, c: I.LaneContext, q, lds_wave, k, half, state) -> list
     for step in range(2):
         _stage_v(a, c, lds_wave, base, ok, k, I.add(I.mul(half, I.ci32(2)), I.ci32(step)))
         acc = _pv_step(c, lds_wave, operands[step], acc)
-    return [m_new, total, *acc]
+    return [m_new, total, poisoned, *acc]
 
 
 def _merge_waves(spec, a, c: I.LaneContext, lds, stats, state) -> None:
-    """Combine the 4 waves' (m, l, O) and store the direct output or the split partial."""
-    m, l_lane, acc = state[0], state[1], state[2:]
+    """Combine the 4 waves' (m, l, O) and store the direct output or the split partial. A
+    poisoned q head's ``m`` goes to LDS as NaN (the epilogue's flag)."""
+    m, l_lane, poisoned, acc = state[0], state[1], state[2], state[3:]
     total = I.fadd(l_lane, I.lane_xor_f32(l_lane, c.lane, 16))
     total = I.fadd(total, I.lane_xor_f32(total, c.lane, 32))
+    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 16))
+    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 32))
+    m = I.select(I.fgt(poisoned, I.cf32(0.0)), I.cf32(float("nan")), m)
     lds_wave = I.gep(lds, I.mul(c.wave, I.ci32(WAVE_LDS)))
     with I.when(I.eq(c.grp, I.ci32(0))):
         at = I.mul(I.add(I.mul(c.wave, I.ci32(16)), c.col), I.ci32(8))
@@ -260,11 +274,14 @@ def _merge_waves(spec, a, c: I.LaneContext, lds, stats, state) -> None:
 
 def _epilogue(spec, a, c: I.LaneContext, lds, stats, qhead, block) -> None:
     ms, ls = [], []
+    poisoned = None
     for w in range(WAVES):
         pair = I.load(I.vec(2, I.f32()), stats, I.mul(I.add(I.ci32(16 * w), qhead), I.ci32(8)),
                       align=8)
         ms.append(I.extract(pair, 0))
         ls.append(I.extract(pair, 1))
+        nan_m = I.is_nan(ms[-1])
+        poisoned = nan_m if poisoned is None else I.lor(poisoned, nan_m)
     top = I.cf32(I.NEG_INF)
     for m, sm in zip(ms, ls, strict=True):
         top = I.select(I.fgt(sm, I.cf32(0.0)), I.fmax(top, m), top)
@@ -287,13 +304,14 @@ def _epilogue(spec, a, c: I.LaneContext, lds, stats, qhead, block) -> None:
             o = [I.fadd(o[e], I.fmul(weights[w], I.extract(four, e))) for e in range(4)]
         for e in range(4):
             restored = I.fmul(I.fdiv(o[e], safe), I.cf32(1.0 / P_PRESCALE))
-            values.append(I.select(nonzero, restored, I.cf32(0.0)))
+            value = I.select(nonzero, restored, I.cf32(0.0))
+            values.append(I.select(poisoned, I.cf32(float("nan")), value))
     row_head = I.add(I.mul(c.row, I.ci32(spec.group)), qhead)
     if spec.path == "direct":
         store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
         return
-    _store_partial(spec, a, c, qhead, block, values, I.select(nonzero, top, I.cf32(I.NEG_INF)),
-                   total)
+    top = I.select(poisoned, I.cf32(float("nan")), I.select(nonzero, top, I.cf32(I.NEG_INF)))
+    _store_partial(spec, a, c, qhead, block, values, top, total)
 
 
 def _store_partial(spec, a, c: I.LaneContext, qhead, block, values, top, total) -> None:
@@ -318,7 +336,7 @@ def _body(spec: Specialization, a) -> None:
         k = I.add(I.add(c.first, c.wave), I.mul(I.lshr(i, I.ci32(1)), I.ci32(WAVES)))
         return _page_update(spec, a, c, q, lds_wave, k, I.band(i, I.ci32(1)), state)
 
-    init = [I.cf32(I.NEG_INF), I.cf32(0.0)] + [I.zeros_f32x4() for _ in range(8)]
+    init = [I.cf32(I.NEG_INF), I.cf32(0.0), I.cf32(0.0)] + [I.zeros_f32x4() for _ in range(8)]
     state = I.loop(I.ci32(0), I.mul(count, I.ci32(2)), init, page)
     _merge_waves(spec, a, c, lds, stats, state)
 

@@ -17,7 +17,7 @@ from jax.interpreters import mlir
 from jax_mxfp4.formats import PAGE_BYTES, ROUND_MODE_CODES
 from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
 from jax_mxfp4.gpu import launch as launcher
-from jax_mxfp4.rows import last_writer_slots
+from jax_mxfp4.pages import last_writer_slots
 
 from . import _ir as I
 from . import _launch
@@ -150,7 +150,7 @@ def kernel_name(call) -> str:
 
 
 def lower(ctx, call, pool, x, slots):
-    """Slots a later row overwrites are dropped first (``rows.last_writer_slots``): the
+    """Slots a later row overwrites are dropped first (``pages.last_writer_slots``): the
     kernel writes its rows in parallel, and the last writer must win (SPEC §15.14)."""
     pool_aval, x_aval, slots_aval = call.avals_in
     tokens = x_aval.shape[0]

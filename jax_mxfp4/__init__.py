@@ -14,6 +14,7 @@ holds the plain-jnp versions.
 
 from jax_mxfp4 import (
     emulated,  # noqa: F401  (registers the emulated ROCm backends)
+    metadata,
     reference,
 )
 from jax_mxfp4.api import (
@@ -71,6 +72,7 @@ __all__ = [
     "get_backend",
     "index_scores",
     "lowering_options",
+    "metadata",
     "new_pool",
     "prefill_rows",
     "quantize_mxfp4",

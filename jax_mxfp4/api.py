@@ -9,7 +9,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jax_mxfp4 import primitives, validate
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.selection import SparseSelection
+
+
+def _table_and_rows(block_table, positions, requests) -> tuple[jnp.ndarray, ...]:
+    """The block table and row metadata as int32 (SPEC §15.16: an int64 page id, position or
+    request outside int32 becomes -1)."""
+    return (as_int32(block_table, "block_table", "id"), as_int32(positions, "positions", "id"),
+            as_int32(requests, "requests", "id"))
 
 
 def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
@@ -19,12 +27,12 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
       pool: ``uint8[P, 8704]`` (index cache) or ``uint8[P, Hkv, 8704]`` (K or V cache).
       x: float ``[T, 128]`` or ``[T, Hkv, 128]`` (rounded to bfloat16 first).
       slots: ``int32 | int64 [T]``, ``slot = page * 128 + offset``; slots < 0 or >= P*128 are
-        not written.
+        not written (an int64 slot outside int32 included: SPEC §15.16).
       round_mode: e8m0 scale rounding, ``"up"`` (default), ``"even"`` or ``"down"``.
     Returns:
       The updated pool. Under ``jit`` with the pool donated, the update happens in place.
     """
-    pool, x, slots = jnp.asarray(pool), jnp.asarray(x), jnp.asarray(slots)
+    pool, x, slots = jnp.asarray(pool), jnp.asarray(x), as_int32(slots, "slots", "id")
     validate.write_cache_args(pool, x, slots, round_mode)
     return primitives.write_cache(pool, x, slots, round_mode=round_mode)
 
@@ -54,7 +62,8 @@ def write_kv_cache(
                          "layer without an index cache)")
     if index_pool is None and index_slots is not None:
         raise ValueError("index_slots needs index_pool and index_k")
-    k_pool, v_pool, k, v, slots = map(jnp.asarray, (k_pool, v_pool, k, v, slots))
+    k_pool, v_pool, k, v = map(jnp.asarray, (k_pool, v_pool, k, v))
+    slots = as_int32(slots, "slots", "id")
     validate.write_cache_args(k_pool, k, slots, round_mode, ("k_pool", "k", "slots"))
     validate.write_cache_args(v_pool, v, slots, round_mode, ("v_pool", "v", "slots"))
     if k_pool.ndim != 3:
@@ -64,7 +73,7 @@ def write_kv_cache(
     if index_pool is None:
         return k_pool, v_pool, None
     index_pool, index_k = jnp.asarray(index_pool), jnp.asarray(index_k)
-    index_slots = slots if index_slots is None else jnp.asarray(index_slots)
+    index_slots = slots if index_slots is None else as_int32(index_slots, "index_slots", "id")
     if index_pool.ndim != 2:
         raise ValueError(f"index_pool must be uint8[P, 8704], got shape "
                          f"{list(index_pool.shape)}")
@@ -86,13 +95,14 @@ def index_scores(
     Args:
       q: ``bfloat16 | float8_e4m3fn [T, H, 128]`` index queries.
       index_pool: ``uint8[P, 8704]``.
-      block_table: ``int32[B, >= num_blocks]``.
-      positions, requests: ``int32[T]`` from ``prefill_rows`` / ``decode_rows``.
+      block_table: ``int32 | int64 [B, >= num_blocks]``.
+      positions, requests: ``int32 | int64 [T]`` from ``prefill_rows`` / ``decode_rows``.
       num_blocks: static number of blocks scored per row.
       sm_scale: softmax scale; scores are ``max logit * fp32(sm_scale * 1.4426950409)``.
       q_round: ``"e4m3"`` (default) rounds a bf16 query to e4m3 first; ``"none"`` keeps bf16.
     """
-    args = tuple(map(jnp.asarray, (q, index_pool, block_table, positions, requests)))
+    args = (jnp.asarray(q), jnp.asarray(index_pool), *_table_and_rows(block_table, positions,
+                                                                      requests))
     validate.index_scores_args(*args, num_blocks, sm_scale, q_round)
     return primitives.index_scores(
         *args, num_blocks=int(num_blocks), sm_scale=float(sm_scale), q_round=q_round
@@ -106,9 +116,10 @@ def select_blocks(
     """Top-k blocks per (index head, row) and the sparse page table (SPEC §6).
 
     Returns ``SparseSelection(block_ids int32[H, T, topk], page_table int32[T, H, topk],
-    context_lens int32[T, H])``. Index head ``h`` drives kv head ``h``.
+    context_lens int32[T, H])``. Index head ``h`` drives kv head ``h``. ``block_table``,
+    ``positions`` and ``requests`` are int32 or int64 (SPEC §15.16).
     """
-    args = tuple(map(jnp.asarray, (scores, block_table, positions, requests)))
+    args = (jnp.asarray(scores), *_table_and_rows(block_table, positions, requests))
     validate.select_blocks_args(*args, topk, init_blocks, local_blocks)
     return primitives.select_blocks(
         *args, topk=int(topk), init_blocks=int(init_blocks), local_blocks=int(local_blocks)
@@ -123,11 +134,14 @@ def sparse_attention(
     Args:
       q: ``bfloat16 | float8_e4m3fn [T, Hq, 128]``.
       k_pool, v_pool: ``uint8[P, Hkv, 8704]``.
-      page_table: ``int32[T, Hkv, n]``; context_lens: ``int32[T, Hkv]`` (from select_blocks).
+      page_table: ``int32 | int64 [T, Hkv, n]``; context_lens: ``int32 | int64 [T, Hkv]``
+        (from select_blocks; SPEC §15.16 for int64).
       sm_scale: softmax scale.
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``.
     """
-    args = tuple(map(jnp.asarray, (q, k_pool, v_pool, page_table, context_lens)))
+    args = (jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool),
+            as_int32(page_table, "page_table", "id"),
+            as_int32(context_lens, "context_lens", "length"))
     validate.sparse_attention_args(*args, sm_scale, output)
     return primitives.sparse_attention(*args, sm_scale=float(sm_scale), output=output)

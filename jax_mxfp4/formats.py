@@ -81,7 +81,7 @@ def _abs_bits_blocks(x_bf16: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     non-negative values), so subnormal inputs count even where the FPU treats them as zero.
     """
     bits = f32_bits(x_bf16)
-    blocks = bits.reshape(*bits.shape[:-1], -1, MX_BLOCK)
+    blocks = bits.reshape(*bits.shape[:-1], bits.shape[-1] // MX_BLOCK, MX_BLOCK)
     amax_bits = jnp.max(blocks & jnp.uint32(0x7FFFFFFF), axis=-1)
     return blocks, amax_bits
 
@@ -124,7 +124,7 @@ def _e2m1_magnitude_code(v: jnp.ndarray) -> jnp.ndarray:
 
 def pack_e2m1(codes: jnp.ndarray) -> jnp.ndarray:
     """uint8 codes ``[..., 2n]`` -> packed bytes ``[..., n]`` (element 2i in the low nibble)."""
-    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(jnp.uint8)
 
 
@@ -132,7 +132,7 @@ def unpack_e2m1(packed: jnp.ndarray) -> jnp.ndarray:
     """Packed bytes ``uint8[..., n]`` -> codes ``uint8[..., 2n]``."""
     low = packed & 0x0F
     high = packed >> 4
-    return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
+    return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def quantize_mxfp4(
@@ -216,9 +216,9 @@ def dequantize_mxfp4(packed: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32
             f"{packed.shape} and scales {scales.shape}"
         )
     codes = unpack_e2m1(packed)
-    codes = codes.reshape(*codes.shape[:-1], -1, MX_BLOCK)
+    codes = codes.reshape(*scales.shape, MX_BLOCK)  # explicit sizes: zero rows work too
     bits = mxfp4_f32_bits(codes, scales[..., None])
-    return _from_f32_bits(bits.reshape(*packed.shape[:-1], -1), dtype)
+    return _from_f32_bits(bits.reshape(*packed.shape[:-1], 2 * packed.shape[-1]), dtype)
 
 
 # --- e4m3 and MXFP8 ---------------------------------------------------------------------------

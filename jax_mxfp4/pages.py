@@ -30,6 +30,21 @@ def new_pool(num_pages: int, num_heads: int | None = None) -> jnp.ndarray:
     return jnp.zeros((int(num_pages), int(num_heads), PAGE_BYTES), jnp.uint8)
 
 
+def last_writer_slots(slots: jnp.ndarray) -> jnp.ndarray:
+    """``slots`` (int32 ``[T]``) with every row that a later row overwrites set to -1.
+
+    Writing the rows in any order then keeps the last writer of each slot (SPEC §15.14), which
+    is what makes a scatter deterministic where conflicting updates land in any order (XLA's
+    GPU scatter, the GPU kernels' programs). O(T log T): a stable sort puts each slot's rows in
+    row order, and the last of each run is kept. Rows already skipped (-1) stay -1.
+    """
+    order = jnp.argsort(slots, stable=True)
+    ordered = slots[order]
+    last = jnp.append(ordered[1:] != ordered[:-1], True)
+    keep = jnp.zeros(slots.shape, jnp.bool_).at[order].set(last)
+    return jnp.where(keep, slots, -1)
+
+
 def check_pool(pool, name: str, *, with_heads: bool | None = None) -> None:
     """Raise TypeError/ValueError unless ``pool`` is a uint8 pool with 8704-byte pages."""
     if pool.dtype != jnp.uint8:

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
+from jax_mxfp4.metadata import METADATA_DTYPES
+from jax_mxfp4.scaling import LOG2E_LITERAL
 
 QUERY_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
 Q_ROUNDS = ("e4m3", "none")
@@ -59,6 +61,8 @@ def pool(p, name: str, *, heads: bool) -> None:
     dim_is(p, name, -1, PAGE_BYTES, layout)
     if p.shape[0] < 1:
         raise ValueError(f"{name} must hold at least one page, got {_describe(p)}")
+    if heads and p.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one kv head, got {_describe(p)}")
 
 
 def int32_vector(x, name: str, length: int) -> None:
@@ -104,8 +108,23 @@ def scale(value, name: str = "sm_scale") -> float:
         f = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a Python float, got {value!r}") from None
-    if not (math.isfinite(f) and f > 0 and math.isfinite(np.float32(f))):
+    with np.errstate(over="ignore"):
+        f32 = np.float32(f)
+    if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
         raise ValueError(f"{name} must be finite and positive in fp32, got {value!r}")
+    return f
+
+
+def score_scale(value, name: str = "sm_scale") -> float:
+    """:func:`scale`, and ``fp32(sm_scale * 1.4426950409)`` (the scorers' folded scale, SPEC
+    §4) finite and positive too."""
+    f = scale(value, name)
+    with np.errstate(over="ignore"):
+        folded = np.float32(f * LOG2E_LITERAL)
+    if not (np.isfinite(folded) and folded > 0):
+        raise ValueError(
+            f"{name} must make {name} * log2(e) a finite positive fp32, got {value!r}"
+        )
     return f
 
 
@@ -130,8 +149,7 @@ def write_cache_args(pool_, x, slots, round_mode, names=("pool", "x", "slots")) 
         raise ValueError(
             f"{x_name} must have shape {layout} to match {pool_name}, got {_describe(x)}"
         )
-    if not jnp.issubdtype(slots.dtype, jnp.integer) or jnp.dtype(slots.dtype).itemsize < 4:
-        raise TypeError(f"{slots_name} must be int32 or int64, got {_describe(slots)}")
+    dtype_is(slots, slots_name, METADATA_DTYPES, "int32 or int64")
     rank_is(slots, slots_name, 1, "[T]")
     dim_is(slots, slots_name, 0, x.shape[0], f"[T={x.shape[0]}]")
     option(round_mode, "round_mode", ROUND_MODES)
@@ -143,7 +161,7 @@ def index_scores_args(q, index_pool, table, positions, requests, num_blocks, sm_
     positive_int(num_blocks, "num_blocks")
     block_table(table, num_blocks)
     rows(positions, requests, q.shape[0])
-    scale(sm_scale)
+    score_scale(sm_scale)
     option(q_round, "q_round", Q_ROUNDS)
 
 

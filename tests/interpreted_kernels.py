@@ -1,10 +1,11 @@
 """GPU kernel functions run by Triton's interpreter on the CPU, against the float64 oracle.
 
 Run as a script by ``test_triton_interpreter.py`` (``TRITON_INTERPRET=1`` must be set before
-the kernels are decorated, so it needs a process of its own). Only kernels without ``tl.dot``
-are checked here, and e4m3 rounding only of values that are exact in e4m3: the interpreter's
-fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96 down to 1.0 (triton
-3.6.0). Prints one ``ok <name>`` line per check; raises on a mismatch.
+the kernels are decorated, so it needs a process of its own). Values are checked bit for bit
+only for kernels without ``tl.dot`` and with in-kernel e4m3 rounding only of values exact in
+e4m3: the interpreter's fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96
+down to 1.0 (triton 3.6.0); kernels with dots are checked for the class of each result (NaN,
+-inf, finite: SPEC §15.18). Prints one ``ok <name>`` line per check; raises on a mismatch.
 
 Arrays go to the kernels as :class:`HostArray`, a numpy array with the few tensor methods the
 interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is needed.
@@ -17,15 +18,29 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import ml_dtypes
 import numpy as np
 import oracle
 import triton
 import triton.language as tl
-from conftest import SM_SCALE, decode_index_case
+from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case
 from host_array import HostArray
 
-from jax_mxfp4.gpu.kernels import index_scores, mxfp4, sparse_attention
+from jax_mxfp4.gpu.kernels import index_scores, mxfp4, select_blocks, sparse_attention
 from jax_mxfp4.scaling import folded_score_scale
+
+# Interpreter shim (triton 3.6 with numpy 2): a reduction's result is a one-element array,
+# which numpy 2 refuses to turn into a Python int, so ``range(tl.min(...), ...)`` fails in the
+# interpreter (not on a GPU). Index such a tensor by its single element.
+_patch_tensor = triton.runtime.interpreter._patch_lang_tensor
+
+
+def _patch_tensor_with_index(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
+
+
+triton.runtime.interpreter._patch_lang_tensor = _patch_tensor_with_index
 
 
 @triton.jit
@@ -37,16 +52,20 @@ def _page_values_kernel(page_ptr, out_ptr, n_live):
 
 
 def check_page_values(rng) -> None:
-    """Every element of a random page (scale bytes 1..254, so some values overflow to inf)
-    dequantized bit for bit; tokens past the live count are zeros."""
+    """Every element of a random page (scale bytes 1..255, so some values overflow to inf and
+    a few groups are NaN) dequantized bit for bit (any NaN for a NaN); tokens past the live
+    count are zeros, their NaN scales included."""
     page = rng.integers(0, 256, 8704).astype(np.uint8)
-    page[8192:] = rng.integers(1, 255, 512)
+    page[8192:] = rng.integers(1, 256, 512)
+    page[8192 + 4 * 110:] = 255  # dead tokens with NaN scales
     out = HostArray(np.zeros(128 * 128, np.float32))
     _page_values_kernel[(1,)](HostArray(page), out, 100)
     got = out.array.reshape(128, 128)
-    want = oracle.dequant_pool(page[None])[0].astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = oracle.dequant_pool(page[None])[0].astype(np.float32)
     want[100:] = 0.0
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.isnan(want).any()
+    assert oracle.bits_equal(got, want).all()
     print("ok page_values")
 
 
@@ -118,11 +137,160 @@ def check_mxfp8_epilogue(rng) -> None:
     print("ok mxfp8_epilogue")
 
 
+def interpreted_select(scores, table, positions, requests, topk, init_blocks, local_blocks):
+    """select_blocks_kernel on one (row, head) per program, as the lowering launches it."""
+    heads, rows, num_blocks = scores.shape
+    ids = HostArray(np.full((heads, rows, topk), 7, np.int32))
+    pages = HostArray(np.full((rows, heads, topk), 7, np.int32))
+    ctx = HostArray(np.full((rows, heads), 7, np.int32))
+    select_blocks.select_blocks_kernel[(rows, heads, 1)](
+        *map(HostArray, (scores, table, positions, requests)), ids, pages, ctx,
+        rows, table.shape[0], table.shape[1], num_blocks, init_blocks, local_blocks, H=heads,
+        NBP=select_blocks.padded(num_blocks), TOPK=topk, KP=select_blocks.padded(topk))
+    return ids.array, pages.array, ctx.array
+
+
+def check_select_blocks(rng) -> None:
+    """Forced blocks by construction, scores that could outrank sentinels (1e30, +inf, NaN,
+    FLT_MAX), ties, -0/+0, position INT32_MAX, padding rows: equal to the oracle."""
+    heads, rows, num_blocks = 2, 12, 9
+    scores = rng.integers(-2, 3, (heads, rows, num_blocks)).astype(np.float32)
+    poison = np.array([1e30, np.inf, np.nan, -np.inf, 3.4e38, -0.0], np.float32)
+    mask = rng.random(scores.shape) < 0.4
+    scores[mask] = rng.choice(poison, mask.sum())
+    table = rng.integers(0, 1000, (3, num_blocks + 1)).astype(np.int32)
+    positions = rng.integers(-1, num_blocks * 128 + 300, rows).astype(np.int32)
+    positions[:3] = [2**31 - 1, -1, 130]
+    requests = rng.integers(0, 3, rows).astype(np.int32)
+    requests[3] = 5  # outside the table: a padding row
+    for topk, init_blocks, local_blocks in [(2, 1, 1), (3, 2, 2), (16, 0, 1), (1, 3, 0)]:
+        got = interpreted_select(scores, table, positions, requests, topk, init_blocks,
+                                 local_blocks)
+        spec_pos = np.where((requests >= 0) & (requests < 3), positions, -1)
+        want = oracle.select_blocks(scores, table, spec_pos, np.clip(requests, 0, 2),
+                                    topk=topk, init_blocks=init_blocks,
+                                    local_blocks=local_blocks)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+    print("ok select_blocks")
+
+
+def interpreted_scores(case, q_round: str, num_heads: int) -> np.ndarray:
+    """index_scores_kernel with the lowering's plan for the case (group dots or folded keys,
+    as ``plan`` picks: the interpreter's dots are not exact, so only classes are compared)."""
+    q, pool, table, positions, requests = (np.asarray(a) for a in case.args()[:5])
+    rows, requests_n = len(positions), table.shape[0]
+    plan = index_scores.plan(rows, num_heads, requests_n, case.num_blocks, num_sms=132)
+    out = HostArray(np.full((num_heads, rows, case.num_blocks), 7.0, np.float32))
+    q_fp8 = str(q.dtype) == "float8_e4m3fn"
+    index_scores.index_scores_kernel[plan.grid](
+        *map(HostArray, (q, pool, table, positions, requests)), out, rows,
+        requests_n, table.shape[1], pool.shape[0], case.num_blocks,
+        float(folded_score_scale(SM_SCALE)), H=num_heads, ROWS=plan.rows, M=plan.m,
+        BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=not q_fp8 and q_round == "e4m3",
+        USE_FP8=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
+        ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
+    return out.array, plan
+
+
+def poison_index_case(case) -> None:
+    """In place: a NaN key scale on a live token, and keys at scale byte 254 in one row's
+    block 0 (dot products past FLT_MAX)."""
+    table, positions, requests = case.block_table, case.positions, case.requests
+    live = np.flatnonzero(positions >= 130)
+    row = live[0]
+    page = table[requests[row], 1]
+    case.pool[page, 8192 + 4 * 2 + 3] = 255  # token 2 of block 1: live for the row
+    case.q.view(np.uint8)[row, :, 96:] = 0  # its group's products are 0 (NaN only by rule)
+    big = live[-1]
+    case.q.view(np.uint8)[big] &= 0x7F  # |q|: the row's logits do not cancel
+    case.pool[table[requests[big], 0], 8192:] = 254
+
+
+def check_index_score_classes(rng) -> None:
+    """SPEC §15.18 in every tiling (one row on the CUDA cores, group dots, folded keys): NaN
+    where the oracle has NaN, -inf where it has -inf, finite elsewhere. e4m3 queries, and no
+    NaN query: the interpreter's e4m3 conversions are not the hardware's (it decodes the e4m3
+    NaN 0x7F as 480, and a bf16 NaN rounded to e4m3 came out finite) and its bf16 dots lost
+    queries near 2**118, so NaN queries are left to tests/gpu/test_gpu_rules.py."""
+    kw = dict(num_blocks=4, table_width=5, num_pages=40, scale_lo=120, scale_hi=126,
+              q_dtype="e4m3")
+    cases = [
+        ("one_row", decode_index_case(rng, [600, 140, 300, 5], 1, num_heads=1, **kw), 1),
+        ("group_dots", decode_index_case(rng, [600, 140, 300], 4, num_heads=2, **kw), 2),
+        ("folded", prefill_index_case(rng, [70], [200], num_rows=70, num_heads=1, **kw), 1),
+    ]
+    for name, case, heads in cases:
+        poison_index_case(case)
+        got, plan = interpreted_scores(case, "e4m3", heads)
+        assert plan.one_row == (name == "one_row") and plan.fold == (name == "folded"), plan
+        want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks,
+                                   sm_scale=SM_SCALE, q_round="e4m3")
+        assert np.isnan(want).sum() >= 2, name
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+        np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=name)
+        assert np.isfinite(got[np.isfinite(want)]).all(), name
+    print("ok index_score_classes")
+
+
+def interpreted_attention(case, splits: int) -> np.ndarray:
+    """attention_kernel (and reduce_kernel when ``splits > 1``) as the lowering launches them,
+    but with the PV product in fp32 (the interpreter's bf16 dots are wrong: 16 ones times 16
+    ones gave 4.2e9): bf16 output ``[T, Hq, 128]`` as float32."""
+    q, k_pool, v_pool, table, ctx = (np.asarray(a) for a in case.args())
+    tokens, q_heads, _ = q.shape
+    num_pages, kv_heads = k_pool.shape[:2]
+    group, n = q_heads // kv_heads, table.shape[-1]
+    rows, gp = tokens * kv_heads, 16
+    out = HostArray(np.zeros((tokens, q_heads, 128), ml_dtypes.bfloat16))
+    consts = dict(G=group, GP=gp, PAGES=-(-n // splits), SPLITS=splits, Q_IS_FP8=False,
+                  MXFP8=False, USE_FP8=False, PV_DTYPE=tl.float32)
+    args = [HostArray(a) for a in (q, k_pool, v_pool, table, ctx)]
+    scalars = [kv_heads, num_pages, n, float(SM_SCALE)]
+    if splits == 1:
+        sparse_attention.attention_kernel[(rows, 1, 1)](*args, out, out, out, out, *scalars,
+                                                        **consts)
+    else:
+        parts = rows * splits * gp
+        o = HostArray(np.zeros(parts * 128, ml_dtypes.bfloat16))
+        m, l_ = (HostArray(np.zeros(parts, np.float32)) for _ in range(2))
+        sparse_attention.attention_kernel[(rows, splits, 1)](*args, o, o, m, l_, *scalars,
+                                                             **consts)
+        sparse_attention.reduce_kernel[(rows, 1, 1)](o, m, l_, out, out, kv_heads, G=group,
+                                                     GP=gp, SPLITS=splits, MXFP8=False)
+    return out.array.astype(np.float32)
+
+
+def check_attention_classes(rng) -> None:
+    """SPEC §15.18 through the direct and the split-K paths: a live NaN key scale, a NaN and
+    an infinite bf16 query element, an overflowing logit make their q heads NaN; a live V
+    byte 255 makes its 32 dims NaN; garbage past the contexts does not leak. Classes against
+    the oracle (NaN, +-inf, finite)."""
+    ctx = np.array([[200, 130], [60, 256], [129, 1], [0, 90], [300, 300]], np.int32)
+    case = attention_case(rng, ctx, group=2, n_pages=3, unused="mixed")
+    case.k_pool[case.page_table[0, 1, 1], 1, 8192 + 4 * 1 + 3] = 255
+    case.q[1, 1, 5] = np.inf
+    case.q[2, 3, 9] = np.inf
+    case.q[4, 0] = oracle.to_bf16(case.q[4, 0].astype(np.float64) * 2.0**125)
+    case.k_pool[case.page_table[4, 0, 0], 0, 8192:] = 250
+    case.v_pool[case.page_table[1, 1, 0], 1, 8192 + 4 * 10 + 2] = 255
+    want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE).astype(np.float32)
+    assert np.isnan(want).any(axis=-1).sum() >= 5
+    for splits in (1, 3):
+        got = interpreted_attention(case, splits)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{splits}")
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want), err_msg=f"{splits}")
+    print("ok attention_classes")
+
+
 def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
     check_one_row_index_scores(rng)
     check_mxfp8_epilogue(rng)
+    check_select_blocks(rng)
+    check_index_score_classes(rng)
+    check_attention_classes(rng)
     return 0
 
 

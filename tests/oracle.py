@@ -312,9 +312,12 @@ def index_scores(q, index_pool, block_table, positions, requests, *, num_blocks:
             live = int(min(max(p - j * PAGE_TOKENS + 1, 0), PAGE_TOKENS))
             if live == 0 or not 0 <= page < num_pages:
                 continue
-            dots = pages[page, :live] @ qe[n].T  # [live, H], exact products, float64 sums
-            with np.errstate(over="ignore"):
-                out[:, n, j] = dots.max(axis=0).astype(np.float32) * scale
+            with np.errstate(over="ignore", invalid="ignore"):
+                dots = pages[page, :live] @ qe[n].T  # [live, H], exact products, f64 sums
+                logits = dots.astype(np.float32)
+                best = logits.max(axis=0) * scale
+            # SPEC §15.18: a live logit that is not finite in fp32 (NaN key or query, overflow)
+            out[:, n, j] = np.where(np.isfinite(logits).all(axis=0), best, np.nan)
     return out
 
 
@@ -350,14 +353,27 @@ class Selection(NamedTuple):
     context_lens: np.ndarray  # int32[T, H]
 
 
-def block_keys(scores_row, valid: int, init_blocks: int, local_blocks: int) -> np.ndarray:
-    """float64 keys of blocks 0..valid-1 of one (head, row)."""
-    keys = np.asarray(scores_row[:valid], np.float64).copy()
-    keys[np.isnan(keys)] = -1e30
-    keys[: max(init_blocks, 0)] = 1e30
-    if local_blocks > 0:
-        keys[max(valid - local_blocks, 0) :] = 1e29  # local overrides init
-    return keys
+def score_order_key(score) -> tuple:
+    """Sort key of one score, larger is better (SPEC §6): ``+inf > finite > NaN > -inf``,
+    ``-0 < +0``."""
+    s = float(score)
+    if np.isnan(s):
+        return (1, 0.0, 0)
+    if s == -np.inf:
+        return (0, 0.0, 0)
+    return (2, s, 0 if np.signbit(s) else 1)
+
+
+def selection_order(scores_row, valid: int, init_blocks: int, local_blocks: int) -> list:
+    """Blocks 0..valid-1 of one (head, row) in selection order (SPEC §6): the forced blocks
+    first (init blocks, then the local blocks that are not init blocks, ascending), then the
+    others by score, best first, ties to the lower block."""
+    init = min(max(init_blocks, 0), valid)
+    first_local = max(valid - max(local_blocks, 0), init)
+    forced = list(range(init)) + list(range(first_local, valid))
+    rest = sorted(range(init, first_local),
+                  key=lambda j: (tuple(-k for k in score_order_key(scores_row[j])), j))
+    return forced + rest
 
 
 def select_blocks(scores, block_table, positions, requests, *, topk: int = 16,
@@ -376,9 +392,7 @@ def select_blocks(scores, block_table, positions, requests, *, topk: int = 16,
         valid = min(p // PAGE_TOKENS + 1, num_blocks)
         self_blk = p // PAGE_TOKENS
         for h in range(num_heads):
-            keys = block_keys(scores[h, n], valid, init_blocks, local_blocks)
-            # key descending, block index ascending on ties (a stable sort of -key)
-            order = sorted(range(valid), key=lambda j, k=keys: (-k[j], j))
+            order = selection_order(scores[h, n], valid, init_blocks, local_blocks)
             chosen = order[: min(topk, valid)]
             ids[h, n, : len(chosen)] = chosen
             full = [j for j in chosen if j != self_blk]
@@ -407,7 +421,7 @@ def attention_query_values(q) -> tuple[np.ndarray, np.ndarray]:
     q32 = q.astype(np.float32)
     amax = np.max(np.abs(q32), axis=-1)
     q_scale = np.maximum(amax / np.float32(E4M3_MAX), np.float32(FLT_MIN)).astype(np.float32)
-    with np.errstate(over="ignore", under="ignore"):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         ratio = q32 / q_scale[..., None]  # fp32 division, correctly rounded
     return round_e4m3_sat(ratio.astype(np.float64)), q_scale.astype(np.float64)
 
@@ -418,7 +432,9 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
     q8, q_scale = attention_query_values(q)
     num_rows, num_q_heads, _ = q8.shape
     kp = dequant_pool(k_pool)  # [P, Hkv, 128, D]
-    vp = dequant_pool(v_pool)
+    # V elements are fp32 values (SPEC §15.18): past the fp32 range they are infinite.
+    with np.errstate(over="ignore"):
+        vp = dequant_pool(v_pool).astype(np.float32).astype(np.float64)
     num_pages, num_kv_heads = kp.shape[:2]
     group = num_q_heads // num_kv_heads
     table = np.asarray(page_table).astype(np.int64)
@@ -442,9 +458,15 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
             k = np.concatenate(ks)
             v = np.concatenate(vs)
             heads = slice(h * group, (h + 1) * group)
-            logits = (q8[t, heads] @ k.T) * q_scale[t, heads, None] * sm_scale  # [G, n]
-            w = np.exp(logits - logits.max(axis=-1, keepdims=True))
-            out[t, heads] = (w @ v) / w.sum(axis=-1, keepdims=True)
+            with np.errstate(over="ignore", invalid="ignore"):
+                scaled = (q8[t, heads] @ k.T) * q_scale[t, heads, None]  # [G, n]
+                logits = scaled * sm_scale
+                # SPEC §15.18: a live logit that is not finite in fp32 -> that q head is NaN
+                finite = (np.isfinite(scaled.astype(np.float32))
+                          & np.isfinite(logits.astype(np.float32))).all(axis=-1)
+                w = np.exp(logits - logits.max(axis=-1, keepdims=True))
+                out[t, heads] = (w @ v) / w.sum(axis=-1, keepdims=True)
+            out[t, heads] = np.where(finite[:, None], out[t, heads], np.nan)
     return out
 
 

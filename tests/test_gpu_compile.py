@@ -113,7 +113,7 @@ def test_param_count_is_read_from_the_code_object():
 def test_last_writer_slots_keep_only_each_slots_last_row():
     """The sort-based last-writer rule of large writes against a plain loop. (Mutation:
     keeping the first of each run instead of the last fails here.)"""
-    from jax_mxfp4.rows import last_writer_slots
+    from jax_mxfp4.pages import last_writer_slots
 
     rng = np.random.default_rng(0)
     for rows, span in ((1, 4), (50, 10), (3000, 500), (3000, 5000)):

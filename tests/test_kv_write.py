@@ -50,7 +50,7 @@ def test_slot_mapping_of_decode_rows_lands_each_token_in_its_page():
 
 
 def test_slot_mapping_rejections():
-    with pytest.raises(TypeError, match="block_table"):
+    with pytest.raises(ValueError, match="block_table"):
         jm.slot_mapping(np.zeros(4, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int32))
     with pytest.raises(ValueError, match="positions and requests"):
         jm.slot_mapping(np.zeros((1, 2), np.int32), np.zeros(2, np.int32),

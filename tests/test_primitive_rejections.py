@@ -1,6 +1,7 @@
 """The primitives validate at trace time too (their abstract evaluation), for code that binds
-them directly or traces them under transformations; and int64 metadata is refused (SPEC §11:
-an int64 seq_lens silently gave a wrong causal window in the kernels this ports).
+them directly or traces them under transformations; and they take int32 metadata only (SPEC
+§11: an int64 seq_lens silently gave a wrong causal window in the kernels this ports; the
+public API narrows int64 per SPEC §15.16 first).
 
 Mutation check: deleting the ``validate.*`` call from a primitive's abstract eval makes the
 matching test here fail (the bad operand reaches the kernel or the reference).
@@ -79,17 +80,16 @@ def test_write_cache_primitive_takes_only_kernel_dtypes():
     _raises(TypeError, "bfloat16", _abstract, mxfp4_write_cache_p, *args, round_mode="up")
 
 
-def test_int64_metadata_is_refused():
+def test_primitives_take_int32_metadata_only():
+    """The kernels' contract is int32: a primitive refuses int64 metadata (the public API
+    narrows it first, SPEC §15.16: tests/test_metadata.py)."""
     with jax.enable_x64(True):
-        q = jnp.zeros((4, 1, 128), jnp.bfloat16)
-        pool = jm.new_pool(3)
-        table = jnp.zeros((2, 5), jnp.int32)
-        pos64 = jnp.zeros((4,), jnp.int64)
-        req = jnp.zeros((4,), jnp.int32)
-        _raises(TypeError, "positions", jm.index_scores, q, pool, table, pos64, req,
-                num_blocks=4, sm_scale=SM)
-        _raises(TypeError, "block_table", jm.index_scores, q, pool, table.astype(jnp.int64),
-                req, req, num_blocks=4, sm_scale=SM)
+        pos64 = [INDEX_OK[3][0], jnp.int64]
+        _raises(TypeError, "positions", _abstract, mxfp4_index_scores_p, *INDEX_OK[:3], pos64,
+                INDEX_OK[4], **INDEX_PARAMS)
+        table64 = [INDEX_OK[2][0], jnp.int64]
+        _raises(TypeError, "block_table", _abstract, mxfp4_index_scores_p, *INDEX_OK[:2],
+                table64, *INDEX_OK[3:], **INDEX_PARAMS)
 
 
 def test_int64_slots_are_range_checked_not_wrapped():

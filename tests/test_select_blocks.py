@@ -61,6 +61,7 @@ def _case(rng):
 
 
 def _check(impl, scores, table, positions, requests, **kw):
+    """``impl``'s select_blocks equal to the oracle; returns ``impl``'s result."""
     got = call(impl, "select_blocks", scores, table, positions, requests, **kw)
     want = oracle.select_blocks(scores, table, positions, requests, **kw)
     ids, page_table, ctx = got
@@ -97,8 +98,9 @@ def test_defaults_m3(impl, rng):
 
 def test_hand_computed(impl):
     """One row: scores [3, 1, 3, NaN, 5, 9], position 4*128 + 10 (valid = 5 blocks),
-    topk 3, init 1, local 1: keys [1e30, 1, 3, -1e30, 1e29] -> blocks [0, 4, 2]; the page
-    table puts the full blocks 0, 2 first and the tail block 4 last; context 2*128 + 11."""
+    topk 3, init 1, local 1: forced blocks 0 and 4, then the best of 1, 2, 3 (scores 1, 3,
+    NaN) -> blocks [0, 4, 2]; the page table puts the full blocks 0, 2 first and the tail
+    block 4 last; context 2*128 + 11."""
     scores = np.full((H, T, NB), -np.inf, np.float32)
     scores[:, 0] = [3, 1, 3, np.nan, 5, 9]
     positions = np.full(T, -1, np.int32)
@@ -165,3 +167,68 @@ def test_rejections(rng):
     _rejects(ValueError, "topk", scores, table, pos, req, topk=0)
     _rejects(ValueError, "init_blocks", scores, table, pos, req, init_blocks=-1)
     _rejects(ValueError, "local_blocks", scores, table, pos, req, local_blocks=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forced blocks by construction, NaN order, edges (SPEC §6)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("poison", [1e30, 1e29, np.inf, 3.4e38, np.nan],
+                         ids=["1e30", "1e29", "inf", "flt_max", "nan"])
+@pytest.mark.parametrize("params", [(2, 1, 1), (1, 0, 1), (4, 2, 2)], ids=str)
+def test_forced_blocks_cannot_be_outranked(impl, poison, params):
+    """Scores of 1e30, +inf, FLT_MAX or NaN in the other blocks never push out a row's init
+    or local blocks, with topk exactly their number (the tightest case). (Before: init and
+    local blocks were keyed 1e30 and 1e29, so a 1e30 or +inf score took the local block's
+    place: 1e30, 1e29, inf and flt_max failed on both implementations.)"""
+    topk, init_blocks, local_blocks = params
+    scores = np.full((H, T, NB), poison, np.float32)
+    positions = np.array([5 * 128 + 3, 3 * 128, 127, 1000, 128, 300, -1, 4 * 128 + 9] * 2,
+                         np.int32)
+    table = np.arange(B * W, dtype=np.int32).reshape(B, W)
+    requests = np.arange(T, dtype=np.int32) % B
+    ids, _, _ = _check(impl, scores, table, positions, requests, topk=topk,
+                         init_blocks=init_blocks, local_blocks=local_blocks)
+    for t, p in enumerate(positions):
+        valid = min(p // 128 + 1, NB) if p >= 0 else 0
+        init = min(init_blocks, valid)
+        forced = list(range(init)) + list(range(max(valid - local_blocks, init), valid))
+        for h in range(H):
+            assert ids[h, t, : len(forced)].tolist() == forced[:topk], (t, h)
+            if local_blocks and valid and p < NB * 128:
+                assert p // 128 in ids[h, t].tolist()
+
+
+def test_nan_ranks_below_every_finite_score_and_above_minus_inf(impl):
+    """Among the blocks that are not forced: +inf, finite (down to -FLT_MAX), NaN, -inf."""
+    scores = np.full((H, T, NB), -np.inf, np.float32)
+    scores[:, 0] = [np.nan, -3.4e38, -np.inf, np.inf, np.nan, 0.0]
+    positions = np.full(T, -1, np.int32)
+    positions[0] = 5 * 128  # valid = 6 blocks, block 5 is the local one
+    table = np.arange(B * W, dtype=np.int32).reshape(B, W)
+    ids, _, _ = _check(impl, scores, table, positions, np.zeros(T, np.int32), topk=6,
+                       init_blocks=0, local_blocks=1)
+    assert ids[:, 0].tolist() == [[5, 3, 1, 0, 4, 2]] * H
+
+
+def test_zero_blocks_select_nothing(impl):
+    """NB = 0: no candidates; ids -1, pages 0, contexts 0 (the reference raised before)."""
+    scores = np.zeros((H, T, 0), np.float32)
+    table = np.zeros((B, 0), np.int32)
+    got = _check(impl, scores, table, POSITIONS, np.zeros(T, np.int32), topk=3,
+                 init_blocks=1, local_blocks=1)
+    assert (got[0] == -1).all() and not got[1].any() and not got[2].any()
+
+
+@pytest.mark.parametrize("count", [2**31 - 1, 2**31, 2**40, 2**63 + 5])
+def test_huge_forced_counts_mean_every_block(impl, rng, count):
+    """init_blocks / local_blocks of 2**31 and past: every candidate is forced (the reference
+    raised OverflowError before)."""
+    scores, table, positions, requests = _case(rng)
+    for init_blocks, local_blocks in [(count, 1), (0, count)]:
+        ids, _, _ = _check(impl, scores, table, positions, requests, topk=16,
+                           init_blocks=init_blocks, local_blocks=local_blocks)
+        for t, p in enumerate(positions):
+            valid = min(p // 128 + 1, NB) if p >= 0 else 0
+            assert ids[0, t, :valid].tolist() == list(range(valid))

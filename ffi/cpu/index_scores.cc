@@ -7,13 +7,16 @@
 //   result: f32[H, T, NB] (NB <= W)
 //
 //   out[h, t, j] = max over live tokens k of (Qe[t, h] . Knorm[k]) * 2**(maxbyte_k - 127),
-//                  then * score_scale; -inf * score_scale where no token is live.
+//                  then * score_scale; -inf * score_scale where no token is live; NaN where a
+//                  live token's logit is not finite (a NaN key or query, an fp32 overflow in
+//                  whatever order the kernel summed: SPEC §15.18).
 //
 // Work is organised by (request, block): the rows of a request are sorted by position
 // (descending), so the rows that reach block j are a prefix; each page is decoded once and
 // scored against all of them (a small matrix product). Blocks past a request's furthest row
 // are never read.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -118,7 +121,7 @@ void ScoreUnitGeneric(const Problem& p, const Plan& plan, const float* qf, int64
     bool nan = false;
     for (int64_t tok = 0; tok < lim; ++tok) {
       const float logit = ws.dots[tok] * ws.meta.pow_a[tok] * ws.meta.pow_b[tok];
-      nan |= logit != logit || ((ws.meta.nan_mask[tok / 16] >> (tok % 16)) & 1u);
+      nan |= !std::isfinite(logit) || ((ws.meta.nan_mask[tok / 16] >> (tok % 16)) & 1u);
       best = std::max(best, logit);
     }
     p.out[(h * p.rows + plan.sorted[s]) * p.num_blocks + j] = Finish(best, nan, p.score_scale);
@@ -135,7 +138,10 @@ JAX_MXFP4_AVX512 inline void MaxStep(const float* dots, const KeyMeta& meta, int
   const __m512 v = _mm512_mul_ps(
       _mm512_mul_ps(_mm512_loadu_ps(dots), _mm512_loadu_ps(meta.pow_a + tok0)),
       _mm512_loadu_ps(meta.pow_b + tok0));
-  nan |= live & (meta.nan_mask[tok0 / 16] | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q));
+  // Not finite (|v| not below inf, or unordered: NaN), or a NaN key.
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __mmask16 bad = _mm512_cmp_ps_mask(_mm512_abs_ps(v), inf, _CMP_NLT_UQ);
+  nan |= live & (meta.nan_mask[tok0 / 16] | bad);
   best = _mm512_mask_max_ps(best, live, best, v);
 }
 

@@ -217,6 +217,18 @@ struct Scratch {
   T* get() const { return data.get(); }
 };
 
+// A scratch array left uninitialized (for buffers whose every element read is written first:
+// no zero-fill proportional to the allocation); reports allocation failure instead of throwing.
+template <typename T>
+struct UninitializedScratch {
+  std::unique_ptr<T[]> data;
+  bool Allocate(int64_t count) {
+    data.reset(new (std::nothrow) T[static_cast<size_t>(std::max<int64_t>(count, 1))]);
+    return data != nullptr;
+  }
+  T* get() const { return data.get(); }
+};
+
 // --- argument checks --------------------------------------------------------------------------
 inline std::string DimsString(ffi::Span<const int64_t> dims) {
   std::string s = "[";

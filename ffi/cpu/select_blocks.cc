@@ -6,9 +6,12 @@
 //   attributes: init_blocks int64, local_blocks int64
 //   results: block_ids s32[H, T, K], page_table s32[T, H, K], context_lens s32[T, H]
 //
-// Candidates of a row with position p are the valid = min(p // 128 + 1, NB) first blocks, keyed
-// by score (NaN -> -1e30, init blocks 1e30, the last local_blocks 1e29); the min(K, valid)
-// largest keys win, in the total order of lax.top_k (-0 < +0), ties to the lower block.
+// Candidates of a row with position p are the valid = min(p // 128 + 1, NB) first blocks. The
+// forced blocks come first by construction (no score can outrank them): the init blocks
+// 0 .. min(init_blocks, valid) - 1, then the local blocks (the last local_blocks candidates
+// that are not init blocks). The rest of the min(K, valid) selections are the other candidates
+// by score, descending: +inf > finite > NaN > -inf, -0 < +0 (lax.top_k's order), ties to the
+// lower block.
 #include <algorithm>
 #include <vector>
 
@@ -19,17 +22,23 @@ namespace jax_mxfp4 {
 namespace {
 
 constexpr const char* kTarget = "jax_mxfp4_select_blocks";
-constexpr float kInitKey = 1e30f, kLocalKey = 1e29f, kNanKey = -1e30f;
+constexpr uint64_t kNegInfOrder = 0x007FFFFFu;  // -inf's bit pattern in OrderOf's order
 
-// A 64-bit rank that orders (key descending in float total order, block ascending) as
-// unsigned integers descending.
-uint64_t Rank(float key, int64_t block) {
-  uint32_t bits = F32Bits(key);
-  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // total order as unsigned
-  return (uint64_t{bits} << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(block));
+// 2 * (the float's bit pattern as an unsigned in total order); NaN takes 2 * order(-inf) + 1,
+// just above -inf and below -FLT_MAX (whose order is order(-inf) + 1).
+uint64_t OrderOf(float score) {
+  if (score != score) return 2 * kNegInfOrder + 1;
+  const uint32_t bits = F32Bits(score);
+  return 2 * uint64_t{(bits & 0x80000000u) ? ~bits : (bits | 0x80000000u)};
 }
 
-int64_t RankBlock(uint64_t rank) { return 0xFFFFFFFFu - static_cast<uint32_t>(rank); }
+// A 64-bit rank that orders (score descending, block ascending) as unsigned integers
+// descending: the score's 33-bit order above 31 bits of inverted block number.
+uint64_t Rank(float score, int64_t block) {
+  return (OrderOf(score) << 31) | (0x7FFFFFFFu - static_cast<uint32_t>(block));
+}
+
+int64_t RankBlock(uint64_t rank) { return 0x7FFFFFFF - static_cast<int64_t>(rank & 0x7FFFFFFFu); }
 
 struct RowInfo {
   bool live = false;
@@ -45,36 +54,49 @@ struct Outputs {
   int32_t* context;    // [T, H]
 };
 
-// Selects the blocks of one (head, row) into ranks[0..count) (best first); returns count.
+// The forced blocks of a row: 0 .. init - 1, then first_local .. valid - 1 (SPEC §6).
+struct Forced {
+  int64_t init, first_local, count;
+};
+
+Forced ForcedBlocks(int64_t valid, int64_t init_blocks, int64_t local_blocks) {
+  Forced f;
+  f.init = std::min(valid, init_blocks);
+  f.first_local = std::max(valid - local_blocks, f.init);
+  f.count = f.init + valid - f.first_local;
+  return f;
+}
+
+// Selects the blocks of one (head, row) into ids[0..count) (selection order); returns count.
+// The forced blocks first, then the best of the other candidates by Rank.
 int64_t SelectRow(const float* scores, const RowInfo& row, int64_t topk, int64_t init_blocks,
-                  int64_t local_blocks, std::vector<uint64_t>& ranks) {
-  ranks.clear();
-  for (int64_t j = 0; j < row.valid; ++j) {
-    float key = scores[j];
-    if (key != key) key = kNanKey;
-    if (j < init_blocks) key = kInitKey;
-    if (j >= row.valid - local_blocks) key = kLocalKey;
-    ranks.push_back(Rank(key, j));
-  }
+                  int64_t local_blocks, std::vector<uint64_t>& ranks, int64_t* ids) {
   const int64_t count = std::min(topk, row.valid);
-  if (count > 0 && count < row.valid) {  // the count best first (ranks are distinct)
-    std::nth_element(ranks.begin(), ranks.begin() + (count - 1), ranks.end(), std::greater<>());
+  const Forced f = ForcedBlocks(row.valid, init_blocks, local_blocks);
+  int64_t r = 0;
+  for (int64_t j = 0; j < f.init && r < count; ++j) ids[r++] = j;
+  for (int64_t j = f.first_local; j < row.valid && r < count; ++j) ids[r++] = j;
+  const int64_t wanted = count - r;
+  if (wanted <= 0) return count;
+  ranks.clear();
+  for (int64_t j = f.init; j < f.first_local; ++j) ranks.push_back(Rank(scores[j], j));
+  if (wanted < static_cast<int64_t>(ranks.size())) {  // the best `wanted` first (distinct)
+    std::nth_element(ranks.begin(), ranks.begin() + (wanted - 1), ranks.end(), std::greater<>());
   }
-  std::sort(ranks.begin(), ranks.begin() + count, std::greater<>());
+  std::sort(ranks.begin(), ranks.begin() + wanted, std::greater<>());
+  for (int64_t k = 0; k < wanted; ++k) ids[r++] = RankBlock(ranks[k]);
   return count;
 }
 
 // Writes block ids, the attention-ordered page table and the context of one (head, row).
-void EmitRow(const std::vector<uint64_t>& ranks, int64_t count, const RowInfo& row,
+void EmitRow(const int64_t* selected, int64_t count, const RowInfo& row,
              const int32_t* table_row, int64_t topk, int32_t* ids, int32_t* pages,
              int32_t* context) {
   int64_t filled = 0;
   bool has_tail = false;
-  for (int64_t r = 0; r < topk; ++r) {
-    ids[r] = r < count ? static_cast<int32_t>(RankBlock(ranks[r])) : -1;
-  }
+  for (int64_t r = 0; r < topk; ++r) ids[r] = r < count ? static_cast<int32_t>(selected[r]) : -1;
   for (int64_t r = 0; r < count; ++r) {  // full blocks in selection order, then the tail
-    const int64_t block = RankBlock(ranks[r]);
+    const int64_t block = selected[r];
     if (block == row.self_block) {
       has_tail = true;
     } else {
@@ -83,13 +105,12 @@ void EmitRow(const std::vector<uint64_t>& ranks, int64_t count, const RowInfo& r
   }
   if (has_tail) pages[filled++] = table_row[row.self_block];
   for (int64_t r = filled; r < topk; ++r) pages[r] = 0;
-  // Context per the reference, in its int32 arithmetic (position + 1 wraps at INT32_MAX).
-  const int32_t next = static_cast<int32_t>(static_cast<uint32_t>(row.position) + 1u);
+  // In 64 bits: position INT32_MAX + 1 does not wrap.
   int64_t ctx;
   if (has_tail) {
     ctx = (count - 1) * kPageTokens + (row.position % kPageTokens) + 1;
   } else {
-    ctx = std::min<int64_t>(count * kPageTokens, next);
+    ctx = std::min<int64_t>(count * kPageTokens, int64_t{row.position} + 1);
   }
   *context = static_cast<int32_t>(std::max<int64_t>(ctx, 0));
 }
@@ -107,8 +128,13 @@ RowInfo MakeRow(int32_t position, int32_t request, int64_t num_requests, int64_t
 
 ffi::Error CheckArgs(ffi::Buffer<ffi::F32>& scores, ffi::Buffer<ffi::S32>& table,
                      ffi::Buffer<ffi::S32>& positions, ffi::Buffer<ffi::S32>& requests,
-                     ffi::ResultBuffer<ffi::S32>& ids, ffi::ResultBuffer<ffi::S32>& pages,
-                     ffi::ResultBuffer<ffi::S32>& context) {
+                     int64_t init_blocks, int64_t local_blocks, ffi::ResultBuffer<ffi::S32>& ids,
+                     ffi::ResultBuffer<ffi::S32>& pages, ffi::ResultBuffer<ffi::S32>& context) {
+  if (init_blocks < 0 || local_blocks < 0) {
+    return BadArg(kTarget, "init_blocks and local_blocks must be >= 0, got " +
+                               std::to_string(init_blocks) + " and " +
+                               std::to_string(local_blocks));
+  }
   const auto sd = scores.dimensions(), bd = table.dimensions();
   if (sd.size() != 3) return BadArg(kTarget, "scores must be f32[H, T, NB], got " + DimsString(sd));
   if (bd.size() != 2 || bd[1] < sd[2]) {
@@ -139,7 +165,8 @@ ffi::Error SelectBlocksImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> score
                             int64_t local_blocks, ffi::ResultBuffer<ffi::S32> ids,
                             ffi::ResultBuffer<ffi::S32> pages,
                             ffi::ResultBuffer<ffi::S32> context) {
-  if (ffi::Error e = CheckArgs(scores, table, positions, requests, ids, pages, context);
+  if (ffi::Error e = CheckArgs(scores, table, positions, requests, init_blocks, local_blocks, ids,
+                               pages, context);
       e.failure()) {
     return e;
   }
@@ -153,13 +180,14 @@ ffi::Error SelectBlocksImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> score
   const int32_t* req = requests.typed_data();
   ParallelFor(threads, rows, 16, [&](int, int64_t begin, int64_t end) {
     std::vector<uint64_t> ranks;
+    std::vector<int64_t> selected(static_cast<size_t>(std::max<int64_t>(topk, 1)));
     ranks.reserve(static_cast<size_t>(num_blocks));
     for (int64_t t = begin; t < end; ++t) {
       const RowInfo row = MakeRow(pos[t], req[t], num_requests, num_blocks);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t count = SelectRow(s + (h * rows + t) * num_blocks, row, topk, init_blocks,
-                                        local_blocks, ranks);
-        EmitRow(ranks, count, row, bt + row.request * width, topk,
+                                        local_blocks, ranks, selected.data());
+        EmitRow(selected.data(), count, row, bt + row.request * width, topk,
                 out.block_ids + (h * rows + t) * topk, out.pages + (t * heads + h) * topk,
                 out.context + t * heads + h);
       }

@@ -12,9 +12,12 @@
 // clamp(context_lens[t, h], 0, n*128) virtual tokens; token i lives in page page_table[t, h,
 // i / 128] and is masked when that id is outside [0, P). Per row: logits of every live token
 // (pass 1), an fp32 softmax with the weights normalized before the PV sum, then the PV sum
-// (pass 2); rows with nothing live give zeros. The AVX-512 kernels round the normalized
-// weights to bf16 for the PV dot products (aiter's P, SPEC §7: within the SPEC §10 tolerance);
-// the generic kernels keep them in fp32.
+// (pass 2); rows with nothing live give zeros, and a q head with a live logit that is not
+// finite gives NaN (SPEC §15.18). The AVX-512 kernels round the normalized weights to bf16
+// for the PV dot products (aiter's P, SPEC §7: within the SPEC §10 tolerance); the generic
+// kernels keep them in fp32. Per-worker scratch is sized by the longest row's page slots
+// (its context), not by the page table's width, and is not zero-filled: every element read
+// is written first.
 #include <cmath>
 #include <limits>
 
@@ -29,6 +32,7 @@ constexpr float kFltMin = 1.17549435e-38f;
 
 struct Problem {
   int64_t rows, q_heads, kv_heads, group, num_pages, width;
+  int64_t slots;  // page slots of the longest row: max over rows of ceil(ctx / 128)
   bool q_bf16, avx;
   const uint8_t* q;
   const uint8_t* k_pool;
@@ -54,29 +58,32 @@ struct Workspace {
   alignas(64) float dots[12 * 32 + kPageTokens];
 };
 
+// Per-row buffers of one worker; s = Problem::slots page slots (the longest row's pages).
 struct RowBuffers {
-  int64_t* ntok;  // [n]: live tokens of each page (0 for a masked page)
-  float* logits;  // [G, n*128]: logits, then weights
-  float* out;     // [G, 128]
-  float* q8;      // [G, 128]
-  float* mant;    // [G]
-  int32_t* exp;   // [G]
-  uint32_t* qa;   // [G, 64]
-  uint32_t* wb;   // [G, n*64]: AVX-512 weights as bf16, two tokens per dword
+  int64_t* ntok;      // [s]: live tokens of each page (0 for a masked page)
+  float* logits;      // [G, s*128]: logits, then weights
+  float* out;         // [G, 128]
+  float* q8;          // [G, 128]
+  float* mant;        // [G]
+  int32_t* exp;       // [G]
+  int32_t* poisoned;  // [G]: a live logit is not finite (the q head's output is NaN)
+  uint32_t* qa;       // [G, 64]
+  uint32_t* wb;       // [G, s*64]: AVX-512 weights as bf16, two tokens per dword
 
   static int64_t Floats(const Problem& p) {
-    return 2 * p.width +
-           p.group * (p.width * kPageTokens * 3 / 2 + 2 * kHeadDim + 2 + kTokenBytes) + 16;
+    return 2 * p.slots +
+           p.group * (p.slots * kPageTokens * 3 / 2 + 2 * kHeadDim + 3 + kTokenBytes) + 16;
   }
   static RowBuffers At(const Problem& p, float* base) {
     RowBuffers b;
     b.ntok = reinterpret_cast<int64_t*>(base);
-    b.logits = base + 2 * p.width;
-    b.out = b.logits + p.group * p.width * kPageTokens;
+    b.logits = base + 2 * p.slots;
+    b.out = b.logits + p.group * p.slots * kPageTokens;
     b.q8 = b.out + p.group * kHeadDim;
     b.mant = b.q8 + p.group * kHeadDim;
     b.exp = reinterpret_cast<int32_t*>(b.mant + p.group);
-    b.qa = reinterpret_cast<uint32_t*>(b.exp + p.group);
+    b.poisoned = b.exp + p.group;
+    b.qa = reinterpret_cast<uint32_t*>(b.poisoned + p.group);
     b.wb = b.qa + p.group * kTokenBytes;
     return b;
   }
@@ -125,7 +132,7 @@ void PageLogitsGeneric(const Problem& p, const uint8_t* page, int64_t ntok, int6
                        RowBuffers& rb, Workspace& ws) {
   ComputeKeyMeta(page, ntok, &ws.meta);
   generic::DecodeKeysF32(page, ws.meta, ntok, ws.kf);
-  const int64_t ld = p.width * kPageTokens;
+  const int64_t ld = p.slots * kPageTokens;
   for (int64_t g = 0; g < p.group; ++g) {
     generic::DotRow(rb.q8 + g * kHeadDim, ws.kf, ntok, ws.dots);
     float* logits = rb.logits + g * ld + col;
@@ -138,17 +145,18 @@ void PageLogitsGeneric(const Problem& p, const uint8_t* page, int64_t ntok, int6
 }
 
 // Softmax of one head over its live tokens, in place (reference: max, exp, normalize).
-void SoftmaxGeneric(float* w, const int64_t* ntok, int64_t pages) {
+// Returns whether a live logit is not finite (the head's output is then NaN, SPEC §15.18).
+bool SoftmaxGeneric(float* w, const int64_t* ntok, int64_t pages) {
   float m = -std::numeric_limits<float>::infinity();
-  bool nan = false;
+  bool poisoned = false;
   for (int64_t pg = 0; pg < pages; ++pg) {
     for (int64_t i = 0; i < ntok[pg]; ++i) {
       const float v = w[pg * kPageTokens + i];
-      nan |= v != v;
+      poisoned |= !std::isfinite(v);
       m = std::max(m, v);
     }
   }
-  if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  if (poisoned) m = std::numeric_limits<float>::quiet_NaN();
   float total = 0.0f;
   for (int64_t pg = 0; pg < pages; ++pg) {
     for (int64_t i = 0; i < ntok[pg]; ++i) {
@@ -164,13 +172,14 @@ void SoftmaxGeneric(float* w, const int64_t* ntok, int64_t pages) {
       v = ok ? v / total : 0.0f;
     }
   }
+  return poisoned;
 }
 
 // Pass 2 (generic): out[g] += sum over tokens [0, ntok) of w[g][col + token] * value[token].
 void PageValuesGeneric(const Problem& p, const uint8_t* page, int64_t ntok, int64_t col,
                        RowBuffers& rb, Workspace& ws) {
   generic::DecodeValuesF32(page, ntok, ws.vf);
-  const int64_t ld = p.width * kPageTokens;
+  const int64_t ld = p.slots * kPageTokens;
   for (int64_t g = 0; g < p.group; ++g) {
     float* out = rb.out + g * kHeadDim;
     for (int64_t tok = 0; tok < ntok; ++tok) {
@@ -187,7 +196,7 @@ JAX_MXFP4_AVX512 void PageLogitsAvx512(const Problem& p, const uint8_t* page, in
                                        int64_t col, RowBuffers& rb, Workspace& ws) {
   const int64_t ntok32 = (ntok + 31) / 32 * 32;
   avx512::DecodeKeysBf16(page, ntok32, &ws.meta, ws.kt);
-  const int64_t ld = p.width * kPageTokens;
+  const int64_t ld = p.slots * kPageTokens;
   const int64_t tiles = (p.group + avx512::kMaxTileRows - 1) / avx512::kMaxTileRows;
   const int64_t per_tile = (p.group + tiles - 1) / tiles;
   const __m512 nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
@@ -219,19 +228,22 @@ JAX_MXFP4_AVX512 inline __mmask16 Live(int64_t n) {
 
 // Softmax of one head over its live tokens (AVX-512): exp(logit - max) in place, then the
 // normalized weights as bf16 into wb (two tokens per dword; 0 past each page's live tokens).
-// The bf16 weights are the aiter kernel's P (SPEC §7); an all-NaN or empty row gives zeros.
-JAX_MXFP4_AVX512 void SoftmaxAvx512(float* w, const int64_t* ntok, int64_t pages, uint32_t* wb) {
+// The bf16 weights are the aiter kernel's P (SPEC §7); an empty row gives zeros. Returns
+// whether a live logit is not finite (the head's output is then NaN, SPEC §15.18).
+JAX_MXFP4_AVX512 bool SoftmaxAvx512(float* w, const int64_t* ntok, int64_t pages, uint32_t* wb) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __mmask16 nan = 0;
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __mmask16 poisoned = 0;
   for (int64_t pg = 0; pg < pages; ++pg) {
     for (int64_t i = 0; i < ntok[pg]; i += 16) {
       const __mmask16 live = Live(ntok[pg] - i);
       const __m512 v = _mm512_maskz_loadu_ps(live, w + pg * kPageTokens + i);
-      nan |= _mm512_mask_cmp_ps_mask(live, v, v, _CMP_UNORD_Q);
+      poisoned |= _mm512_mask_cmp_ps_mask(live, _mm512_abs_ps(v), inf, _CMP_NLT_UQ);
       m = _mm512_mask_max_ps(m, live, m, v);
     }
   }
-  const __m512 mx = _mm512_set1_ps(nan ? std::numeric_limits<float>::quiet_NaN() : avx512::HMax(m));
+  const __m512 mx = _mm512_set1_ps(poisoned ? std::numeric_limits<float>::quiet_NaN()
+                                            : avx512::HMax(m));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t pg = 0; pg < pages; ++pg) {
     for (int64_t i = 0; i < ntok[pg]; i += 16) {
@@ -255,6 +267,7 @@ JAX_MXFP4_AVX512 void SoftmaxAvx512(float* w, const int64_t* ntok, int64_t pages
       _mm512_storeu_si512(wb + (pg * kPageTokens + i) / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
+  return poisoned != 0;
 }
 
 // Pass 2 (AVX-512): as PageValuesGeneric with bf16 weights and values, slots in the decoder's
@@ -262,7 +275,7 @@ JAX_MXFP4_AVX512 void SoftmaxAvx512(float* w, const int64_t* ntok, int64_t pages
 JAX_MXFP4_AVX512 void PageValuesAvx512(const Problem& p, const uint8_t* page, int64_t ntok,
                                        int64_t col, RowBuffers& rb, Workspace& ws) {
   avx512::DecodeValuePairs(page, ntok, ws.vp);
-  const int64_t ld = p.width * kPageTokens / 2, pairs = (ntok + 1) / 2;
+  const int64_t ld = p.slots * kPageTokens / 2, pairs = (ntok + 1) / 2;
   for (int64_t g0 = 0; g0 < p.group; g0 += 4) {
     const uint32_t* w = rb.wb + g0 * ld + col / 2;
     float* out = rb.out + g0 * kHeadDim;
@@ -348,15 +361,15 @@ bool LogitsPass(const Problem& p, int64_t h, int64_t ctx, const int32_t* ids, Ro
 // Softmax per head, then pass 2 over the live pages.
 void WeightsAndValues(const Problem& p, int64_t h, int64_t pages, const int32_t* ids,
                       RowBuffers& rb, Workspace& ws) {
-  const int64_t ld = p.width * kPageTokens;
+  const int64_t ld = p.slots * kPageTokens;
   for (int64_t g = 0; g < p.group; ++g) {
 #if JAX_MXFP4_HAVE_AVX512
     if (p.avx) {
-      SoftmaxAvx512(rb.logits + g * ld, rb.ntok, pages, rb.wb + g * ld / 2);
+      rb.poisoned[g] = SoftmaxAvx512(rb.logits + g * ld, rb.ntok, pages, rb.wb + g * ld / 2);
       continue;
     }
 #endif
-    SoftmaxGeneric(rb.logits + g * ld, rb.ntok, pages);
+    rb.poisoned[g] = SoftmaxGeneric(rb.logits + g * ld, rb.ntok, pages);
   }
   Prefetch(p, p.v_pool, h, pages * kPageTokens, ids, 0);
   for (int64_t pg = 0; pg < pages; ++pg) {
@@ -380,12 +393,15 @@ void AttendRow(const Problem& p, int64_t t, int64_t h, RowBuffers& rb, Workspace
       std::clamp<int64_t>(p.context[t * p.kv_heads + h], 0, p.width * kPageTokens);
   const int32_t* ids = p.page_table + (t * p.kv_heads + h) * p.width;
   std::fill(rb.out, rb.out + p.group * kHeadDim, 0.0f);
+  std::fill(rb.poisoned, rb.poisoned + p.group, 0);
   for (int64_t g = 0; g < p.group; ++g) PrepareQuery(p, t, h * p.group + g, g, rb);
   if (LogitsPass(p, h, ctx, ids, rb, ws)) {
     WeightsAndValues(p, h, (ctx + kPageTokens - 1) / kPageTokens, ids, rb, ws);
   }
   for (int64_t g = 0; g < p.group; ++g) {
-    StoreHead(p, rb.out + g * kHeadDim, t, h * p.group + g, o);
+    float* out = rb.out + g * kHeadDim;
+    if (rb.poisoned[g]) std::fill(out, out + kHeadDim, std::numeric_limits<float>::quiet_NaN());
+    StoreHead(p, out, t, h * p.group + g, o);
   }
 }
 
@@ -417,6 +433,16 @@ ffi::Error CheckArgs(const ffi::AnyBuffer& q, ffi::Buffer<ffi::U8>& k_pool,
   return ffi::Error::Success();
 }
 
+// Page slots of the longest row: max over rows (t, h) of ceil(clamp(ctx, 0, n*128) / 128).
+int64_t LongestRowSlots(const Problem& p) {
+  int64_t longest = 0;
+  for (int64_t r = 0; r < p.rows * p.kv_heads; ++r) {
+    const int64_t ctx = std::clamp<int64_t>(p.context[r], 0, p.width * kPageTokens);
+    longest = std::max(longest, ctx);
+  }
+  return (longest + kPageTokens - 1) / kPageTokens;
+}
+
 // Both targets: checks, scratch, and the parallel loop over rows (t, h).
 ffi::Error Attend(ffi::ThreadPool& threads, const ffi::AnyBuffer& q, ffi::Buffer<ffi::U8>& k_pool,
                   ffi::Buffer<ffi::U8>& v_pool, ffi::Buffer<ffi::S32>& page_table,
@@ -437,10 +463,11 @@ ffi::Error Attend(ffi::ThreadPool& threads, const ffi::AnyBuffer& q, ffi::Buffer
   p.page_table = page_table.typed_data();
   p.context = context.typed_data();
   p.sm_scale = sm_scale;
+  p.slots = LongestRowSlots(p);
   const int workers = NumWorkers(threads);
   const int64_t floats = RowBuffers::Floats(p);
   Scratch<Workspace> ws;
-  Scratch<float> buffers;
+  UninitializedScratch<float> buffers;
   if (!ws.Allocate(workers) || !buffers.Allocate(floats * workers)) return OutOfMemory(kTarget);
   ParallelFor(threads, p.rows * p.kv_heads, 1, [&](int worker, int64_t begin, int64_t end) {
     RowBuffers rb = RowBuffers::At(p, buffers.get() + worker * floats);

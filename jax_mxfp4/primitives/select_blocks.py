@@ -83,8 +83,12 @@ mxfp4_select_blocks_p = define(
 
 def select_blocks(scores, block_table, positions, requests, *, topk: int, init_blocks: int,
                   local_blocks: int) -> SparseSelection:
+    """Bind the primitive. Counts of forced blocks past the block count mean every block, so
+    they are clipped to it here (every lowering then takes them as int32 or int64 safely)."""
+    num_blocks = scores.shape[-1]
     ids, pages, context = mxfp4_select_blocks_p.bind(
-        scores, block_table, positions, requests, topk=int(topk), init_blocks=int(init_blocks),
-        local_blocks=int(local_blocks), config=current_config(),
+        scores, block_table, positions, requests, topk=int(topk),
+        init_blocks=min(int(init_blocks), num_blocks),
+        local_blocks=min(int(local_blocks), num_blocks), config=current_config(),
     )
     return SparseSelection(ids, pages, context)

@@ -10,6 +10,7 @@ from jax_mxfp4 import ffi_targets, reference, validate
 from jax_mxfp4.backend import current_config
 from jax_mxfp4.formats import PAGE_TOKENS, ROUND_MODE_CODES
 from jax_mxfp4.lowering import CpuHandler, flydsl, triton
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.primitives import _batching as batch
 from jax_mxfp4.primitives._operation import Operation, ShardingRule, define
 from jax_mxfp4.primitives._sharding import Ids
@@ -71,12 +72,9 @@ mxfp4_write_cache_p = define(
 
 
 def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
-    """Bind the primitive: rows go in as bfloat16 (SPEC §15.10), slots as int32 (a slot that
-    does not fit in int32 cannot address the pool and is skipped)."""
+    """Bind the primitive: rows go in as bfloat16 (SPEC §15.10), slots as int32 (an int64 slot
+    that does not fit int32 cannot address the pool and is skipped: SPEC §15.16)."""
     x = x.astype(jnp.bfloat16)
-    if slots.dtype != jnp.int32:
-        limit = pool.shape[0] * PAGE_TOKENS
-        inside = (slots >= 0) & (slots < limit)
-        slots = jnp.where(inside, slots, -1).astype(jnp.int32)
+    slots = as_int32(slots, "slots", "id")
     return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode,
                                     config=current_config())

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from jax_mxfp4 import formats
 from jax_mxfp4._bits import mul_pow2
+from jax_mxfp4.formats import HEAD_DIM
 from jax_mxfp4.pages import split_pages
 
 # Rows handled per step of the chunked loops: bounds the size of per-row intermediates
@@ -36,7 +37,7 @@ def token_keys(pages: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     relative = scales.astype(jnp.int32) - max_byte[..., None] + 127
     bits = formats.mxfp4_f32_bits(codes, relative[..., None])
     bits = jnp.where((scales == formats.E8M0_NAN)[..., None], jnp.uint32(0x7FC00000), bits)
-    keys = jax.lax.bitcast_convert_type(bits, jnp.float32).reshape(*data.shape[:-1], -1)
+    keys = jax.lax.bitcast_convert_type(bits, jnp.float32).reshape(*data.shape[:-1], HEAD_DIM)
     return keys, max_byte - 127
 
 

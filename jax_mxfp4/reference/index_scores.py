@@ -8,7 +8,8 @@ absolute position and request. Per index head ``h``, row ``t`` and block ``j``::
 
 with ``page(t, j) = block_table[requests[t], j]``, token ``k`` live iff ``j*128 + k <=
 positions[t]``, and ``-inf`` where no token is live (past the row's reach, padding rows, pages
-outside the pool: SPEC §15.3, §15.6).
+outside the pool: SPEC §15.3, §15.6); NaN where a live token's logit is not finite (SPEC
+§15.18).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jax import lax
 from jax_mxfp4 import formats
 from jax_mxfp4._bits import widen_rounded
 from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.reference._common import (
     map_row_chunks,
     row_is_live,
@@ -48,7 +50,7 @@ def _block_maxima_gathered(qe, keys, exponent, requests, live):
     def rows(qe, requests, live):
         dots = jnp.einsum("thd,tkd->thk", qe, keys[requests], precision=lax.Precision.HIGHEST)
         logits = scale_by_exponent(dots, exponent[requests][:, None, :])
-        return jnp.max(jnp.where(live[:, None, :], logits, -jnp.inf), axis=-1)
+        return _live_max(logits, live)
 
     per_row_bytes = 4 * keys.shape[-2] * (keys.shape[-1] + qe.shape[1])
     chunk = rows_per_chunk(per_row_bytes, qe.shape[0])
@@ -60,7 +62,16 @@ def _block_maxima_dense(qe, keys, exponent, requests, live):
     dots = jnp.einsum("thd,bkd->tbhk", qe, keys, precision=lax.Precision.HIGHEST)
     dots = jnp.take_along_axis(dots, requests[:, None, None, None], axis=1)[:, 0]
     logits = scale_by_exponent(dots, exponent[requests][:, None, :])
-    return jnp.max(jnp.where(live[:, None, :], logits, -jnp.inf), axis=-1)
+    return _live_max(logits, live)
+
+
+def _live_max(logits, live) -> jnp.ndarray:
+    """Max over the live tokens (``live [T, 128]``) of ``logits f32[T, H, 128]`` -> ``[T, H]``:
+    ``-inf`` with none, NaN where a live logit is not finite (SPEC §15.18: a NaN key or query,
+    or an fp32 overflow, whatever the summation order made of it)."""
+    seen = live[:, None, :]
+    best = jnp.max(jnp.where(seen, logits, -jnp.inf), axis=-1)
+    return jnp.where(jnp.any(seen & ~jnp.isfinite(logits), axis=-1), jnp.nan, best)
 
 
 def index_scores(
@@ -86,6 +97,10 @@ def index_scores(
       sm_scale: softmax scale; the output carries ``fp32(sm_scale * 1.4426950409)``.
       q_round: ``"e4m3"`` rounds a bf16 query to e4m3 first, ``"none"`` keeps it.
     """
+    q, index_pool = jnp.asarray(q), jnp.asarray(index_pool)
+    block_table = as_int32(block_table, "block_table", "id")  # SPEC §15.16
+    positions = as_int32(positions, "positions", "id")
+    requests = as_int32(requests, "requests", "id")
     num_rows = q.shape[0]
     num_requests, num_pages = block_table.shape[0], index_pool.shape[0]
     score_scale = folded_score_scale(sm_scale)

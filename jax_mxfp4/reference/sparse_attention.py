@@ -4,7 +4,9 @@ Rows are (token ``t``, kv head ``h``); row ``(t, h)`` attends with q heads ``h*G
 (``G = Hq // Hkv``) over the first ``context_lens[t, h]`` tokens of the pages
 ``page_table[t, h, :]`` of kv head ``h``. Tokens past the context, and every token of a page id
 outside ``[0, P)``, are masked (score ``-inf`` and value 0, so garbage cannot leak); a row with
-nothing to attend to outputs zeros.
+nothing to attend to outputs zeros. A live token whose logit is not finite (a NaN key or query,
+an overflow) makes its q head's output NaN; NaN and infinite V elements of live tokens enter
+the weighted sum as IEEE arithmetic says (SPEC §15.18).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from jax_mxfp4._bits import (
     pow2,
     widen_rounded,
 )
-from jax_mxfp4.formats import PAGE_TOKENS
+from jax_mxfp4.formats import HEAD_DIM, PAGE_TOKENS
+from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.reference._common import (
     map_row_chunks,
     rows_per_chunk,
@@ -72,22 +75,24 @@ def _attend_rows(q8, q_exp, q_mant, pages, context, k_pool, v_pool, sm_scale):
     keys, key_exp = token_keys(k_pool[safe, heads])  # [c, Hkv, n, 128, D], [c, Hkv, n, 128]
     values = token_values(v_pool[safe, heads])
     tokens = n * PAGE_TOKENS
-    keys = keys.reshape(rows, num_kv_heads, tokens, -1)
-    values = values.reshape(rows, num_kv_heads, tokens, -1)
+    keys = keys.reshape(rows, num_kv_heads, tokens, HEAD_DIM)
+    values = values.reshape(rows, num_kv_heads, tokens, HEAD_DIM)
     key_exp = key_exp.reshape(rows, num_kv_heads, tokens)
     live = (jnp.arange(tokens) < context[..., None]) & jnp.repeat(page_ok, PAGE_TOKENS, axis=-1)
 
     dots = jnp.einsum("thgd,thkd->thgk", q8, keys, precision=lax.Precision.HIGHEST)
     logits = scale_by_exponent(dots, key_exp[:, :, None, :] + q_exp[..., None])
     logits = logits * q_mant[..., None] * jnp.float32(sm_scale)
-    logits = jnp.where(live[:, :, None, :], logits, -jnp.inf)
-    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    row_max = jnp.max(jnp.where(live[:, :, None, :], logits, -jnp.inf), axis=-1, keepdims=True)
     weights = jnp.where(live[:, :, None, :], jnp.exp(logits - row_max), 0.0)
     total = jnp.sum(weights, axis=-1, keepdims=True)
     # Normalize before the PV sum so large finite values cannot overflow the fp32 sum.
     weights = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
     values = jnp.where(live[..., None], values, 0.0)
-    return jnp.einsum("thgk,thkd->thgd", weights, values, precision=lax.Precision.HIGHEST)
+    out = jnp.einsum("thgk,thkd->thgd", weights, values, precision=lax.Precision.HIGHEST)
+    # A live logit that is not finite makes the q head's whole output NaN (SPEC §15.18).
+    poisoned = jnp.any(live[:, :, None, :] & ~jnp.isfinite(logits), axis=-1)
+    return jnp.where(poisoned[..., None], jnp.nan, out)
 
 
 def sparse_attention(
@@ -111,6 +116,9 @@ def sparse_attention(
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``, the MXFP8 quantization of the bf16 output.
     """
+    q, k_pool, v_pool = jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool)
+    page_table = as_int32(page_table, "page_table", "id")  # SPEC §15.16
+    context_lens = as_int32(context_lens, "context_lens", "length")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads

@@ -6,7 +6,8 @@ page of each request in the tile once (decode tiles hold one request's ``S`` row
 tiles one request's chunk, or the ends of two) and takes tensor-core dots: four ``K = 32``
 dots, one per scale group (``mxfp4.page_logits``), or one ``K = 128`` dot on keys with the
 groups' scales folded in (``mxfp4.folded_page_logits``). Every output element is written:
-``-inf`` where a row has no live token in the block.
+``-inf`` where a row has no live token in the block, NaN where a live token's logit is not
+finite (a NaN key or query, an fp32 overflow: SPEC §15.18).
 
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
 row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, a few
@@ -26,6 +27,8 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.scaling import folded_score_scale
+
+PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
 
 
 @triton.jit
@@ -66,17 +69,24 @@ def _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P):
             page_ptr = pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES
             dots, expo = mxfp4.row_page_logits(q_row, page_ptr)
             tok = j * 128 + tl.arange(0, 128)
-            logits = tl.where(tok <= pos0, mxfp4.mul_pow2(dots, expo), float("-inf"))
-            best = tl.where(m == 0, tl.max(logits, axis=0), best)
+            logits = mxfp4.mul_pow2(dots, expo)
+            seen = tok <= pos0
+            row_max = tl.max(tl.where(seen, logits, float("-inf")), axis=0)
+            poisoned = tl.max((seen & ~(tl.abs(logits) < float("inf"))).to(tl.int32), axis=0)
+            row_max = tl.where(poisoned > 0, float("nan"), row_max)
+            best = tl.where(m == 0, row_max, best)
     return best
 
 
 @triton.jit
 def _masked_maxima(logits, sel, pos, tok):
     """Max over the tokens ``tok`` (absolute, int32 [128]) each selected row sees (-inf
-    elsewhere) of ``logits f32 [M, 128]``."""
+    elsewhere) of ``logits f32 [M, 128]``; NaN for a row that sees a logit that is not finite
+    (explicitly: ``tl.max`` need not propagate NaN)."""
     ok = sel[:, None] & (tok[None, :] <= pos[:, None])
-    return tl.max(tl.where(ok, logits, float("-inf")), axis=1)
+    best = tl.max(tl.where(ok, logits, float("-inf")), axis=1)
+    poisoned = tl.max((ok & ~(tl.abs(logits) < float("inf"))).to(tl.int32), axis=1)
+    return tl.where(poisoned > 0, float("nan"), best)
 
 
 @triton.jit
@@ -84,12 +94,24 @@ def _folded_maxima(q, page_ptr, sel, pos, tok):
     """Max logits of the selected rows over one page with folded keys: on the relative logits,
     scaled once per row; a block every selected row sees whole needs no per-token mask."""
     reach = tl.max(tl.where(sel, pos, -1), axis=0)
-    dots, expo = mxfp4.folded_page_logits(q, page_ptr, tok <= reach)
+    dots, expo, nan_keys = mxfp4.folded_page_logits(q, page_ptr, tok <= reach)
     if tl.max(tok, axis=0) <= tl.min(tl.where(sel, pos, reach), axis=0):
         best = tl.where(sel, tl.max(dots, axis=1), float("-inf"))
+        best = tl.where(sel & _any_not_finite(dots), float("nan"), best)
     else:
         best = _masked_maxima(dots, sel, pos, tok)
-    return mxfp4.mul_pow2(best, expo)
+    # Every seen logit is dots * 2**expo: one overflows iff the largest |dot| seen does.
+    seen = sel[:, None] & (tok[None, :] <= pos[:, None])
+    largest = tl.max(tl.where(seen & (tl.abs(dots) < float("inf")), tl.abs(dots), 0.0), axis=1)
+    overflow = ~(mxfp4.mul_pow2(largest, expo) < float("inf"))
+    nan_key = tl.max((seen & nan_keys[None, :]).to(tl.int32), axis=1) > 0
+    return tl.where(overflow | nan_key, float("nan"), mxfp4.mul_pow2(best, expo))
+
+
+@triton.jit
+def _any_not_finite(x):
+    """Per row of ``x f32 [M, N]``: whether any element is NaN or infinite."""
+    return tl.max((~(tl.abs(x) < float("inf"))).to(tl.int32), axis=1) > 0
 
 
 @triton.jit
@@ -98,7 +120,7 @@ def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_
     """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere).
     ``FOLD``: the query tile ``q [M, 128]`` against folded keys
     (:func:`mxfp4.folded_page_logits`), else the groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
-    page = tl.load(table_ptr + req_r.to(tl.int64) * W + j)
+    page = tl.load(table_ptr + tl.cast(req_r, tl.int64) * W + j)  # req_r: a loop index
     sel = live & (req == req_r)
     best = tl.full(sel.shape, float("-inf"), tl.float32)
     if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
@@ -157,7 +179,7 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
             for req_r in range(req_lo, req_hi + 1):
                 best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
                                                      req, pos, live, j, req_r, W, P, USE_FP8,
-                                                     FOLD))
+                                                     FOLD), propagate_nan=PROPAGATE)
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
 
 

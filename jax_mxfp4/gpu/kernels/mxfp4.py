@@ -28,6 +28,8 @@ import triton.language as tl
 
 from jax_mxfp4 import formats
 
+NAN_BYTE = tl.constexpr(formats.E8M0_NAN)  # e8m0 NaN: a token with it in any group has NaN keys
+PROPAGATE_NAN = tl.constexpr(tl.PropagateNan.ALL)
 PAGE_BYTES = tl.constexpr(formats.PAGE_BYTES)
 SCALE_OFFSET = tl.constexpr(formats.PAGE_SCALE_OFFSET)
 FOLD_SHIFT = tl.constexpr(15)  # folded keys: a group at the reference byte is scaled by 2**15
@@ -123,7 +125,7 @@ def row_page_logits(q, page_ptr):
     smax = tl.max(scales, axis=1)
     # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
     dots = tl.sum(per_group * pow2(scales - smax[:, None] + 8), axis=1)
-    return dots, smax - 127 + 6
+    return tl.where(smax == NAN_BYTE, float("nan"), dots), smax - 127 + 6
 
 
 @triton.jit
@@ -157,7 +159,8 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
     """Relative logits of every token of a page and the token exponents.
 
     Returns ``(dots f32 [M, 128], exponent int32 [128])`` with the true ``q . k`` equal to
-    ``dots * 2**exponent`` (exponent = max scale byte - 127 + 6).
+    ``dots * 2**exponent`` (exponent = max scale byte - 127 + 6); NaN for a token with a scale
+    byte 255 (its keys are NaN, SPEC §1.3, §15.18).
     """
     tok = tl.arange(0, 128)
     s0, s1, s2, s3, smax = token_scales(page_ptr, tok)
@@ -165,7 +168,7 @@ def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
     dots += group_dot(q1, page_ptr, tok, 1, s1, smax, USE_FP8)
     dots += group_dot(q2, page_ptr, tok, 2, s2, smax, USE_FP8)
     dots += group_dot(q3, page_ptr, tok, 3, s3, smax, USE_FP8)
-    return dots, smax - 127 + 6
+    return tl.where((smax == NAN_BYTE)[None, :], float("nan"), dots), smax - 127 + 6
 
 
 @triton.jit
@@ -199,12 +202,15 @@ def folded_page_logits(q, page_ptr, live):
     loses low bits to fp32 subnormals: far below the 2 ulp of the block's magnitude (SPEC
     §10) that the largest token sets.
 
-    Returns ``(dots f32 [M, 128], exponent int32)`` with ``q . k = dots * 2**exponent`` for
-    every live token, so a row's maximum can be taken first and scaled once.
+    Returns ``(dots f32 [M, 128], exponent int32, nan_keys bool [128])`` with ``q . k = dots *
+    2**exponent`` for every live token, so a row's maximum can be taken first and scaled once;
+    ``nan_keys`` marks the tokens with a scale byte 255 (NaN keys, whose dots here are not).
     """
     tok = tl.arange(0, 128)
     scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
                      + tl.arange(0, 4)[None, :]).to(tl.int32)
+    nan_keys = tl.max(scales, axis=1) == NAN_BYTE
+    live = live & ~nan_keys  # NaN tokens are flagged, not scaled: the rest stay exact
     ref = tl.max(tl.where(live, tl.max(scales, axis=1), 0), axis=0)
     depth = ref - scales  # [128, 4]; negative (zero keys) only for tokens that are not live
     deepest = tl.max(tl.max(tl.where(live[:, None], depth, 0), axis=1), axis=0)
@@ -214,7 +220,7 @@ def folded_page_logits(q, page_ptr, live):
         if i > 0:
             dots = dots * BAND_STEP
         dots = tl.dot(q, tl.trans(_band_keys(page_ptr, depth, bands - 1 - i, q.dtype)), dots)
-    return dots, ref - 127 + 6 - FOLD_SHIFT
+    return dots, ref - 127 + 6 - FOLD_SHIFT, nan_keys
 
 
 @triton.jit
@@ -230,10 +236,12 @@ def load_page(page_ptr):
 @triton.jit
 def page_values(words, scales, live, DTYPE: tl.constexpr):
     """Exactly dequantized values ``DTYPE [128, 128]`` (bf16: exact) of a page loaded by
-    :func:`load_page`; tokens where ``live`` (bool [128]) is false are zeros (so garbage, NaN
+    :func:`load_page`: a group with scale byte 255 is NaN, elements past the fp32 range are
+    +-inf (SPEC §15.18); tokens where ``live`` (bool [128]) is false are zeros (so garbage, NaN
     scales included, cannot leak)."""
     x = tl.reshape(words_fp32(words), (128, 4, 32)) * 16384.0  # e2m1, exact
     x = x * pow2(scales.to(tl.int32) - 127)[:, :, None]
+    x = tl.where((scales == NAN_BYTE)[:, :, None], float("nan"), x)
     x = tl.where(live[:, None, None], x, 0.0)
     return tl.reshape(x, (128, 128)).to(DTYPE)
 
@@ -241,5 +249,8 @@ def page_values(words, scales, live, DTYPE: tl.constexpr):
 @triton.jit
 def round_e4m3(x):
     """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §15.2): the hardware
-    conversion (``cvt.rn.satfinite`` on sm_90) after the clamp."""
-    return tl.minimum(tl.maximum(x, -448.0), 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    conversion (``cvt.rn.satfinite`` on sm_90) after the clamp. NaN stays NaN (SPEC §15.18):
+    the clamp propagates it (PTX's plain ``max`` would return -448 for a NaN)."""
+    clamped = tl.minimum(tl.maximum(x, -448.0, propagate_nan=PROPAGATE_NAN), 448.0,
+                         propagate_nan=PROPAGATE_NAN)
+    return clamped.to(tl.float8e4nv, fp_downcast_rounding="rtne")

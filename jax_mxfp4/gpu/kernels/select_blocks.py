@@ -1,11 +1,13 @@
 """Triton kernel: top-k blocks per (index head, row) and the sparse page table (SPEC §6,
 §15.8, §15.11).
 
-One program per (row, head): the row's keys (NaN -> -1e30, init blocks 1e30, local blocks
-1e29, -inf past the row's ``valid`` blocks) are turned into order-preserving int32s, and
-``TOPK`` arg-max passes (ties to the lower block, as ``lax.top_k``) pick the blocks. The
-emission puts full blocks first in selection order, the row's own (tail) block last, looks the
-pages up in the block table and computes the context length.
+One program per (row, head). The forced blocks come first by construction (SPEC §6): the init
+blocks ``0 .. min(init_blocks, valid) - 1``, then the local blocks (the last ``local_blocks``
+candidates that are not init blocks). The other candidates' scores become order-preserving
+int32 ranks (``+inf > finite > NaN > -inf``, as the reference's ``score_rank``) and arg-max
+passes (ties to the lower block, as ``lax.top_k``) pick the rest of the ``TOPK``. The emission
+puts full blocks first in selection order, the row's own (tail) block last, looks the pages up
+in the block table and computes the context length.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 
 INT_MIN = tl.constexpr(-2147483648)
+NEG_INF_RANK = tl.constexpr(-2139095042)  # reference.select_blocks.NEG_INF_KEY
 
 
 @triton.jit
-def _sortable(x):
-    """An int32 whose order is the float order of ``x`` (no NaN)."""
+def _rank(x):
+    """int32 ranks in the selection order of scores ``x`` (reference ``score_rank``): the
+    order-preserving bit patterns, ``-inf`` one below its own, which NaN takes."""
     bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    rank = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    rank = tl.where(x == float("-inf"), NEG_INF_RANK, rank)
+    return tl.where(x != x, NEG_INF_RANK + 1, rank)
 
 
 @triton.jit
@@ -40,20 +46,21 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
     live = (pos >= 0) & (req >= 0) & (req < B)
     pos = tl.where(live, pos, -1)
     valid = tl.where(pos >= 0, tl.minimum(pos // 128 + 1, NB), 0)
+    init = tl.minimum(valid, init_blocks)
+    first_local = tl.maximum(valid - local_blocks, init)
+    forced = init + valid - first_local
     j = tl.arange(0, NBP)
     s = tl.load(scores_ptr + (h.to(tl.int64) * T + row) * NB + j, mask=j < NB, other=0.0)
-    s = tl.where(s != s, -1e30, s)
-    s = tl.where(j < init_blocks, 1e30, s)
-    s = tl.where(j >= valid - local_blocks, 1e29, s)
-    s = tl.where(j < valid, s, float("-inf"))
-    key = tl.where(j < NB, _sortable(s), INT_MIN)
+    key = tl.where((j >= init) & (j < first_local), _rank(s), INT_MIN)
     k = tl.arange(0, KP)
     ids = tl.full((KP,), -1, tl.int32)
     count = tl.minimum(valid, TOPK)
     for r in tl.static_range(TOPK):
         best = tl.argmax(key, axis=0, tie_break_left=True).to(tl.int32)
-        ids = tl.where(k == r, tl.where(r < count, best, -1), ids)
-        key = tl.where(j == best, INT_MIN, key)
+        from_forced = r < forced
+        pick = tl.where(from_forced, tl.where(r < init, r, first_local + r - init), best)
+        ids = tl.where(k == r, tl.where(r < count, pick, -1), ids)
+        key = tl.where((j == best) & (r >= forced), INT_MIN, key)
     tl.store(ids_ptr + (h.to(tl.int64) * T + row) * TOPK + k, ids, mask=k < TOPK)
     # Attention order: the tail (the row's own block) moves behind the other selections.
     self_block = tl.where(pos >= 0, pos // 128, -2)
@@ -71,8 +78,9 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
     page = tl.where(ordered >= 0, page, 0)
     out_row = (row.to(tl.int64) * H + h) * TOPK
     tl.store(pages_ptr + out_row + k, page, mask=k < TOPK)
-    tail_tokens = pos + 1 - (pos // 128) * 128
-    context = tl.where(has_tail, (n - 1) * 128 + tail_tokens, tl.minimum(n * 128, pos + 1))
+    tail_tokens = pos % 128 + 1
+    # min(n * 128, pos + 1), written so that pos = INT32_MAX does not wrap.
+    context = tl.where(has_tail, (n - 1) * 128 + tail_tokens, tl.minimum(n * 128 - 1, pos) + 1)
     tl.store(ctx_ptr + row.to(tl.int64) * H + h, tl.maximum(context, 0))
 
 

@@ -11,7 +11,9 @@ weighted mean of V and cannot overflow where the output is finite (SPEC §7 "PV 
 one split the kernel stores the output itself (bf16, or the MXFP8 values and scales); with
 several it stores per-split partials ``(m, l, o = O / l in bf16)`` that ``reduce_kernel``
 merges with normalized weights ``exp(m_p - M) * l_p / sum`` before the same epilogue. A row
-with nothing to attend to outputs zeros.
+with nothing to attend to outputs zeros; a q head with a live logit that is not finite outputs
+NaN (SPEC §15.18), tracked explicitly (``tl.max`` need not propagate NaN) and passed to the
+merge as a NaN ``m_p``.
 """
 
 from __future__ import annotations
@@ -113,14 +115,19 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
 
 @triton.jit
 def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, sm_scale,
-                 m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
-    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``. V's bytes are
-    loaded first, so their latency overlaps the QK dots and the softmax."""
+                 m_i, l_i, acc, bad, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
+    """One page of the online softmax: returns the updated ``(m_i, l_i, acc, bad)``, ``bad``
+    (int32 [GP]) set for a q head with a live logit that is not finite. V's bytes are loaded
+    first, so their latency overlaps the QK dots and the softmax."""
     v_words, v_scales = mxfp4.load_page(v_page)
     dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
-    logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
+    scaled = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None])
+    logits = scaled * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
-    logits = tl.where(live[None, :] & g_ok[:, None], logits, float("-inf"))
+    seen = live[None, :] & g_ok[:, None]
+    finite = (tl.abs(scaled) < float("inf")) & (tl.abs(logits) < float("inf"))
+    bad = bad | tl.max((seen & ~finite).to(tl.int32), axis=1)
+    logits = tl.where(seen, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2((m_i - m_safe) * LOG2E)
@@ -133,7 +140,7 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     v = mxfp4.page_values(v_words, v_scales, live, PV_DTYPE)
     p_norm = (p * inv_l[:, None]).to(PV_DTYPE)
     acc = acc * (l_old * inv_l)[:, None] + tl.dot(p_norm, v)
-    return m_new, l_i, acc
+    return m_new, l_i, acc, bad
 
 
 @triton.jit
@@ -158,21 +165,24 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, 128), tl.float32)
+    bad = tl.zeros((GP,), tl.int32)
     for i in range(PAGES):
         p = s * PAGES + i
         if p * 128 < ctx:
             page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p)
             if (page >= 0) & (page < P):
                 base = (page.to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
-                m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
-                                             v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
-                                             acc, g_ok, USE_FP8, PV_DTYPE)
+                m_i, l_i, acc, bad = _attend_page(q0, q1, q2, q3, q_exp, q_mant,
+                                                  k_ptr + base, v_ptr + base, p * 128, ctx,
+                                                  sm_scale, m_i, l_i, acc, bad, g_ok, USE_FP8,
+                                                  PV_DTYPE)
     o = tl.where((l_i > 0)[:, None], acc, 0.0)
+    o = tl.where((bad > 0)[:, None], float("nan"), o)
     if SPLITS == 1:
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
     else:
         part = (r.to(tl.int64) * SPLITS + s) * GP + g
-        tl.store(m_ptr + part, m_i)
+        tl.store(m_ptr + part, tl.where(bad > 0, float("nan"), m_i))
         tl.store(l_ptr + part, l_i)
         d = tl.arange(0, 128)
         tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
@@ -198,8 +208,11 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
     d = tl.arange(0, 128)
     first = r.to(tl.int64) * SPLITS * GP + g
     big_m = tl.full((GP,), float("-inf"), tl.float32)
+    poisoned = tl.zeros((GP,), tl.int32)  # a split's NaN m: a live logit was not finite
     for s in range(SPLITS):
-        big_m = tl.maximum(big_m, tl.load(m_ptr + first + s * GP))
+        m_s = tl.load(m_ptr + first + s * GP)
+        poisoned = poisoned | (m_s != m_s).to(tl.int32)
+        big_m = tl.maximum(big_m, m_s)
     safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
     total = tl.zeros((GP,), tl.float32)
     for s in range(SPLITS):
@@ -211,6 +224,7 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
         part = first + s * GP
         w = _split_weight(m_ptr, l_ptr, part, safe_m) * inv_total
         out += w[:, None] * tl.load(o_ptr + part[:, None] * 128 + d[None, :]).to(tl.float32)
+    out = tl.where((poisoned > 0)[:, None], float("nan"), out)
     _store_output(out, out_ptr, aux_ptr, t, h * G, g, g < G, HKV * G, MXFP8)
 
 
