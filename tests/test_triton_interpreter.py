@@ -10,7 +10,8 @@ fails its check (a 1e30 or +inf score outranks a local block). SPEC §15.18 (che
 class of each result): without the NaN of a byte-255 token in ``mxfp4.page_logits`` the
 group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row tiling; without the
 poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot / one-row tilings;
-without the overflow or the NaN-key test of ``_folded_maxima`` the folded tiling; without the
+without the page-exponent overflow check of ``_folded_maxima``, or without the NaN dots of NaN
+keys in ``mxfp4.folded_page_logits``, the folded tiling; without the
 NaN of ``attention_kernel``'s poisoned heads the direct path; without the NaN of a byte-255
 group in ``mxfp4.page_values`` the page check. Removing the reduce kernel's explicit NaN is
 not seen here (the split's NaN partials carry it through the merge anyway, in numpy's

@@ -69,49 +69,55 @@ def _row_maxima(q_row, pool_ptr, table_ptr, req, pos, live, j, W, P):
             page_ptr = pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES
             dots, expo = mxfp4.row_page_logits(q_row, page_ptr)
             tok = j * 128 + tl.arange(0, 128)
-            logits = mxfp4.mul_pow2(dots, expo)
-            seen = tok <= pos0
-            row_max = tl.max(tl.where(seen, logits, float("-inf")), axis=0)
-            poisoned = tl.max((seen & ~(tl.abs(logits) < float("inf"))).to(tl.int32), axis=0)
-            row_max = tl.where(poisoned > 0, float("nan"), row_max)
+            logits = _poison_infinite(mxfp4.mul_pow2(dots, expo))
+            row_max = tl.reduce(tl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
             best = tl.where(m == 0, row_max, best)
     return best
 
 
 @triton.jit
+def _max_nan(a, b):
+    """``max`` that keeps NaN (the combine function of the NaN-propagating reductions)."""
+    return tl.maximum(a, b, propagate_nan=PROPAGATE)
+
+
+@triton.jit
+def _poison_infinite(logits):
+    """``logits`` with every infinite element made NaN: a logit that is not finite poisons the
+    row that sees it (SPEC §15.18), and a NaN-propagating max then carries it, in the same one
+    reduction that takes the maximum."""
+    return tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
+
+
+@triton.jit
 def _masked_maxima(logits, sel, pos, tok):
     """Max over the tokens ``tok`` (absolute, int32 [128]) each selected row sees (-inf
-    elsewhere) of ``logits f32 [M, 128]``; NaN for a row that sees a logit that is not finite
-    (explicitly: ``tl.max`` need not propagate NaN)."""
+    elsewhere) of ``logits f32 [M, 128]``; NaN for a row that sees a logit that is not
+    finite."""
     ok = sel[:, None] & (tok[None, :] <= pos[:, None])
-    best = tl.max(tl.where(ok, logits, float("-inf")), axis=1)
-    poisoned = tl.max((ok & ~(tl.abs(logits) < float("inf"))).to(tl.int32), axis=1)
-    return tl.where(poisoned > 0, float("nan"), best)
+    return tl.reduce(tl.where(ok, _poison_infinite(logits), float("-inf")), 1, _max_nan)
 
 
 @triton.jit
 def _folded_maxima(q, page_ptr, sel, pos, tok):
     """Max logits of the selected rows over one page with folded keys: on the relative logits,
-    scaled once per row; a block every selected row sees whole needs no per-token mask."""
+    scaled once per row; a block every selected row sees whole needs no per-token mask. A
+    relative logit that is not finite (a NaN key gives NaN dots, an infinite query infinite
+    ones) makes the row NaN in the same reduction; one that is finite can still pass fp32's
+    range once scaled, which only a page exponent above 0 allows (a rare page: checked then)."""
     reach = tl.max(tl.where(sel, pos, -1), axis=0)
-    dots, expo, nan_keys = mxfp4.folded_page_logits(q, page_ptr, tok <= reach)
+    dots, expo = mxfp4.folded_page_logits(q, page_ptr, tok <= reach)
+    dots = _poison_infinite(dots)
     if tl.max(tok, axis=0) <= tl.min(tl.where(sel, pos, reach), axis=0):
-        best = tl.where(sel, tl.max(dots, axis=1), float("-inf"))
-        best = tl.where(sel & _any_not_finite(dots), float("nan"), best)
+        best = tl.where(sel, tl.reduce(dots, 1, _max_nan), float("-inf"))
     else:
         best = _masked_maxima(dots, sel, pos, tok)
-    # Every seen logit is dots * 2**expo: one overflows iff the largest |dot| seen does.
-    seen = sel[:, None] & (tok[None, :] <= pos[:, None])
-    largest = tl.max(tl.where(seen & (tl.abs(dots) < float("inf")), tl.abs(dots), 0.0), axis=1)
-    overflow = ~(mxfp4.mul_pow2(largest, expo) < float("inf"))
-    nan_key = tl.max((seen & nan_keys[None, :]).to(tl.int32), axis=1) > 0
-    return tl.where(overflow | nan_key, float("nan"), mxfp4.mul_pow2(best, expo))
-
-
-@triton.jit
-def _any_not_finite(x):
-    """Per row of ``x f32 [M, N]``: whether any element is NaN or infinite."""
-    return tl.max((~(tl.abs(x) < float("inf"))).to(tl.int32), axis=1) > 0
+    if expo > 0:  # |dots| * 2**expo may overflow: every seen logit is dots * 2**expo
+        seen = sel[:, None] & (tok[None, :] <= pos[:, None])
+        largest = tl.max(tl.where(seen & (tl.abs(dots) < float("inf")), tl.abs(dots), 0.0),
+                         axis=1)
+        best = tl.where(mxfp4.mul_pow2(largest, expo) < float("inf"), best, float("nan"))
+    return mxfp4.mul_pow2(best, expo)
 
 
 @triton.jit
