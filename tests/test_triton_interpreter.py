@@ -12,7 +12,8 @@ group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row tiling; without
 poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot / one-row tilings;
 without the page-exponent overflow check of ``_folded_maxima``, or without the NaN dots of NaN
 keys in ``mxfp4.folded_page_logits``, the folded tiling; without the
-NaN of ``attention_kernel``'s poisoned heads the direct path; without the NaN of a byte-255
+NaN of an infinite logit in ``_attend_page``, or without the final NaN of a q head whose
+running max is NaN, the attention checks; without the NaN of a byte-255
 group in ``mxfp4.page_values`` the page check. Removing the reduce kernel's explicit NaN is
 not seen here (the split's NaN partials carry it through the merge anyway, in numpy's
 arithmetic); it is kept because PTX's ``max`` drops a NaN ``m``."""

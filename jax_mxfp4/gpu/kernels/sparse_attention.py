@@ -33,6 +33,7 @@ from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.plans import attention_splits
 
 LOG2E = tl.constexpr(1.4426950408889634)
+PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)
 FLT_MIN = tl.constexpr(scaling.FLT_MIN)
 E4M3_NAN = tl.constexpr(formats.E4M3_NAN)  # the float8_e4m3fn NaN byte
 
@@ -115,20 +116,20 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
 
 @triton.jit
 def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, sm_scale,
-                 m_i, l_i, acc, bad, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
-    """One page of the online softmax: returns the updated ``(m_i, l_i, acc, bad)``, ``bad``
-    (int32 [GP]) set for a q head with a live logit that is not finite. V's bytes are loaded
-    first, so their latency overlaps the QK dots and the softmax."""
+                 m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
+    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``. A live logit
+    that is not finite (a NaN key or query, an overflow) becomes NaN and its q head's running
+    max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax takes anyway
+    (SPEC §15.18). V's bytes are loaded first, so their latency overlaps the QK dots and the
+    softmax."""
     v_words, v_scales = mxfp4.load_page(v_page)
     dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
-    scaled = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None])
-    logits = scaled * q_mant[:, None] * sm_scale
+    logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
     seen = live[None, :] & g_ok[:, None]
-    finite = (tl.abs(scaled) < float("inf")) & (tl.abs(logits) < float("inf"))
-    bad = bad | tl.max((seen & ~finite).to(tl.int32), axis=1)
+    logits = tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
     logits = tl.where(seen, logits, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(logits, axis=1))
+    m_new = tl.maximum(m_i, tl.reduce(logits, 1, _max_nan), propagate_nan=PROPAGATE)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2((m_i - m_safe) * LOG2E)
     p = tl.exp2((logits - m_safe[:, None]) * LOG2E)
@@ -140,7 +141,12 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     v = mxfp4.page_values(v_words, v_scales, live, PV_DTYPE)
     p_norm = (p * inv_l[:, None]).to(PV_DTYPE)
     acc = acc * (l_old * inv_l)[:, None] + tl.dot(p_norm, v)
-    return m_new, l_i, acc, bad
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=PROPAGATE)
 
 
 @triton.jit
@@ -165,24 +171,22 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc = tl.zeros((GP, 128), tl.float32)
-    bad = tl.zeros((GP,), tl.int32)
     for i in range(PAGES):
         p = s * PAGES + i
         if p * 128 < ctx:
             page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p)
             if (page >= 0) & (page < P):
                 base = (page.to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
-                m_i, l_i, acc, bad = _attend_page(q0, q1, q2, q3, q_exp, q_mant,
-                                                  k_ptr + base, v_ptr + base, p * 128, ctx,
-                                                  sm_scale, m_i, l_i, acc, bad, g_ok, USE_FP8,
-                                                  PV_DTYPE)
+                m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
+                                             v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
+                                             acc, g_ok, USE_FP8, PV_DTYPE)
     o = tl.where((l_i > 0)[:, None], acc, 0.0)
-    o = tl.where((bad > 0)[:, None], float("nan"), o)
+    o = tl.where((m_i != m_i)[:, None], float("nan"), o)  # a poisoned q head (NaN max)
     if SPLITS == 1:
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
     else:
         part = (r.to(tl.int64) * SPLITS + s) * GP + g
-        tl.store(m_ptr + part, tl.where(bad > 0, float("nan"), m_i))
+        tl.store(m_ptr + part, m_i)
         tl.store(l_ptr + part, l_i)
         d = tl.arange(0, 128)
         tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
