@@ -57,6 +57,7 @@ elif [ "$MODE" = step ]; then
     > "$OUT/step.txt" 2> "$OUT/step_err.txt"
   echo "step rc=$?"; cat "$OUT/step.txt"; tail -5 "$OUT/step_err.txt"
 else
-  timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --repeats ${REPEATS:-10} > "$OUT/bench.txt" 2> "$OUT/bench_err.txt"
+  timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --repeats ${REPEATS:-10} \
+    --cells "${CELLS:-}" > "$OUT/bench.txt" 2> "$OUT/bench_err.txt"
   echo "bench rc=$?"; cat "$OUT/bench.txt"; tail -5 "$OUT/bench_err.txt"
 fi

@@ -250,6 +250,9 @@ def add_arguments(parser) -> None:
                         help="timed calls per cell, at least 1 (default: 10)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the reference lowering (kernels only)")
+    parser.add_argument("--cells", default="",
+                        help="with --device gpu: only the cells whose group or name holds "
+                        "this text (e.g. 'prefill')")
     parser.add_argument("--step", action="store_true",
                         help="with --device gpu: one whole decode step against dense bf16 "
                         "attention and plain-jnp MXFP4 (bench_step)")
@@ -279,7 +282,7 @@ def run_from_args(args) -> int:
             return 2
         from jax_mxfp4 import bench_gpu
 
-        print(bench_gpu.run(args.quick, args.repeats, not args.no_reference))
+        print(bench_gpu.run(args.quick, args.repeats, not args.no_reference, args.cells))
         return 0
     with jax.default_device(jax.devices("cpu")[0]):
         results = run_cells(cpu_cells(args.quick), repeats=args.repeats,

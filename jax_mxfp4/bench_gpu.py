@@ -241,12 +241,14 @@ def ceilings(repeats: int = 10) -> tuple[float, float]:
     return bandwidth, 2 * n**3 / _timing(mm, (a, b), repeats, 1).device / 1e12
 
 
-def run(quick: bool, repeats: int, reference: bool) -> str:
+def run(quick: bool, repeats: int, reference: bool, only: str = "") -> str:
     bw, fp8 = ceilings()
     print(f"copy {bw:.2f} TB/s, fp8 {fp8:.0f} TFLOP/s", file=sys.stderr, flush=True)
     rng = np.random.default_rng(0)
     rows = []
     for cell in cells(quick):
+        if only not in f"{cell.group} {cell.label}":
+            continue
         kernel = _measure(cell, rng, repeats, 10, "auto")
         ref = None
         if reference and cell.reference:
