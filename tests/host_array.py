@@ -1,9 +1,25 @@
-"""Numpy arrays as Triton's interpreter takes tensors, so the interpreted kernel checks need no
-torch (``interpreted_kernels.py``, ``interpreted_write_cache.py``)."""
+"""What the interpreted kernel checks (``interpreted_kernels.py``, ``interpreted_write_cache.py``)
+need from Triton's interpreter beyond itself: numpy arrays taken as tensors, so no torch, and
+the shim below. Import it before launching a kernel."""
 
 from __future__ import annotations
 
 import numpy as np
+import triton
+
+# The shim (triton 3.6 with numpy 2): a reduction's result, or a scalar kernel argument, is a
+# one-element array, which numpy 2 refuses to turn into a Python int, so ``range(tl.min(...),
+# ...)`` or ``range(0, T, ...)`` fails in the interpreter (not on a GPU). Index such a tensor by
+# its single element.
+_patch_tensor = triton.runtime.interpreter._patch_lang_tensor
+
+
+def _patch_tensor_with_index(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
+
+
+triton.runtime.interpreter._patch_lang_tensor = _patch_tensor_with_index
 
 
 class HostArray:

@@ -29,19 +29,6 @@ from host_array import HostArray
 from jax_mxfp4.gpu.kernels import index_scores, mxfp4, select_blocks, sparse_attention
 from jax_mxfp4.scaling import folded_score_scale
 
-# Interpreter shim (triton 3.6 with numpy 2): a reduction's result is a one-element array,
-# which numpy 2 refuses to turn into a Python int, so ``range(tl.min(...), ...)`` fails in the
-# interpreter (not on a GPU). Index such a tensor by its single element.
-_patch_tensor = triton.runtime.interpreter._patch_lang_tensor
-
-
-def _patch_tensor_with_index(tensor, scope):
-    _patch_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
-
-
-triton.runtime.interpreter._patch_lang_tensor = _patch_tensor_with_index
-
 
 @triton.jit
 def _page_values_kernel(page_ptr, out_ptr, n_live):

@@ -1,6 +1,7 @@
 """The GPU write_cache kernels (``claim_kernel`` then ``write_cache_kernel``) run by Triton's
 interpreter on the CPU, against the float64 oracle: repeated slots keep their last row (the
-hash table's atomics), out-of-range slots are skipped, every round mode.
+hash table's atomics, or the short writes' scan), out-of-range slots are skipped, every round
+mode.
 
 Run as a script by ``test_triton_interpreter.py`` (``TRITON_INTERPRET=1`` before the kernels
 are decorated). Prints ``ok <name>`` per check; raises on a mismatch.
@@ -20,15 +21,18 @@ from jax_mxfp4.formats import ROUND_MODE_CODES
 from jax_mxfp4.gpu.kernels import write_cache as kernels
 
 
-def _run(pool, x_bf16, slots, round_mode):
+def _run(pool, x_bf16, slots, round_mode, table: bool):
+    """The lowering's launches: the slot table then the write (``table``), or the write
+    alone scanning the slots (a short write)."""
     t, heads = x_bf16.shape[:2]
-    bits = kernels.table_bits(t)
+    bits = kernels.table_bits(t) if table else 0
     keys = HostArray(np.full((1 << bits) + 1, -1, np.int32))
     winners = HostArray(np.full(1 << bits, -1, np.int32))
     slots_h = HostArray(slots)
     pages = pool.shape[0]
-    kernels.claim_kernel[(-(-t // kernels.CLAIM_ROWS),)](
-        slots_h, keys, winners, t, pages, TABLE_BITS=bits, ROWS=kernels.CLAIM_ROWS)
+    if table:
+        kernels.claim_kernel[(-(-t // kernels.CLAIM_ROWS),)](
+            slots_h, keys, winners, t, pages, TABLE_BITS=bits, ROWS=kernels.CLAIM_ROWS)
     out = HostArray(pool.copy())
     rows = t * heads
     kernels.write_cache_kernel[kernels.grid(rows)](
@@ -46,9 +50,10 @@ def check_repeated_slots(rng) -> None:
     slots[10:40] = slots[0]  # a run of one slot: row 39 must win
     slots[50] = slots[60]  # and one pair
     for round_mode in ("up", "even", "down"):
-        got = _run(pool, x, slots, round_mode)
         want = oracle.write_cache(pool, x, slots, round_mode)
-        np.testing.assert_array_equal(got, want, err_msg=round_mode)
+        for table in (True, False):
+            got = _run(pool, x, slots, round_mode, table)
+            np.testing.assert_array_equal(got, want, err_msg=f"{round_mode} table={table}")
     print("ok write_cache_repeated_slots")
 
 

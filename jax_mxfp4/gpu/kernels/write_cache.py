@@ -9,7 +9,8 @@ same slot only the last is written (SPEC §15.14), so the result does not depend
 programs run in: ``claim_kernel`` first enters every slot into an open-addressing hash table
 (``4 T`` entries or more, linear probing, compare-and-swap on the key) and keeps the largest row
 index per slot with an atomic max; ``write_cache_kernel`` then looks its slot up and writes
-only if it is the winner. O(T), no sort and no row-by-row scan.
+only if it is the winner. O(T), no sort and no row-by-row scan. Short writes (a decode step's
+few tokens) skip the table: the write kernel scans the slots for later writers itself.
 """
 
 from __future__ import annotations
@@ -96,17 +97,34 @@ def _winner(keys_ptr, winners_ptr, slot, live, TABLE_BITS: tl.constexpr):
 
 
 @triton.jit
+def _is_last(slots_ptr, t, slot, T, SCAN: tl.constexpr):
+    """Whether no later row ``t' > t`` has the same slot (per row of ``t``): every program
+    reads all ``T`` slots, so this is for short writes only (``SCAN_MAX_TOKENS``)."""
+    last = slot >= 0
+    for start in range(0, T, SCAN):
+        u = start + tl.arange(0, SCAN)
+        other = tl.load(slots_ptr + u, mask=u < T, other=-1)
+        clash = (other[None, :] == slot[:, None]) & (u[None, :] > t[:, None])
+        last = last & (tl.max(clash.to(tl.int32), axis=1) == 0)
+    return last
+
+
+@triton.jit
 def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_ptr, T, H, P,
                        ROUND: tl.constexpr, ROWS: tl.constexpr, TABLE_BITS: tl.constexpr):
-    """pool/out ``u8[P, H, 8704]`` (aliased), x ``bf16[T, H, 128]``, slots ``s32[T]``, the
-    slot table of ``claim_kernel``."""
+    """pool/out ``u8[P, H, 8704]`` (aliased), x ``bf16[T, H, 128]``, slots ``s32[T]``, and
+    the slot table of ``claim_kernel``, or (``TABLE_BITS == 0``: a short write, no table)
+    null table pointers and a scan of the slots for later writers."""
     rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (token, head) rows
     t = rr // H
     h = rr % H
     ok = t < T
     slot = tl.load(slots_ptr + t, mask=ok, other=-1)
     ok = ok & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
-    ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
+    if TABLE_BITS == 0:
+        ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN_ROWS)
+    else:
+        ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
     i = tl.arange(0, 64)
     src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
     lo = tl.load(src, mask=ok[:, None], other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
@@ -144,6 +162,11 @@ def grid(num_rows: int) -> tuple[int, int, int]:
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
 
 CLAIM_ROWS = 256  # tokens per claim_kernel program
+SCAN_ROWS = tl.constexpr(256)  # slots _is_last compares at a time
+SCAN_MAX_TOKENS = 256
+"""Writes of at most this many tokens find each slot's last writer with one scan of the slots
+inside the write kernel (one launch, as a decode step's writes are); longer ones build the
+slot table first (two launches and a fill, O(T)). Side by side on the H200: bench/RESULTS.md."""
 
 
 def available(target, config) -> str | None:
@@ -155,27 +178,41 @@ def covers(call) -> str | None:
 
 
 def kernel_name(call) -> str:
+    if call.avals_in[1].shape[0] <= SCAN_MAX_TOKENS:
+        return "write_cache_kernel[slot scan]"
     return "claim_kernel+write_cache_kernel"
 
 
 def lower(ctx, call, pool, x, slots):
-    """Two launches: the slot table (``claim_kernel``, over XLA-filled ``-1`` arrays), then
-    the (token, head) rows (``write_cache_kernel``); the pool is aliased to the result (in
-    place)."""
+    """A short write: one launch that scans the slots; a longer one: the slot table
+    (``claim_kernel``, over XLA-filled ``-1`` arrays), then the (token, head) rows
+    (``write_cache_kernel``). The pool is aliased to the result (in place)."""
     pool_aval, x_aval, slots_aval = call.avals_in
     num_tokens = x_aval.shape[0]
     heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1
     rows = num_tokens * heads
+    pages = np.int32(pool_aval.shape[0])
+    constants = {"ROUND": ROUND_MODE_CODES[call.params["round_mode"]],
+                 "ROWS": rows_per_program(rows)}
+    if num_tokens <= SCAN_MAX_TOKENS:
+        launch = triton_call.launch(
+            write_cache_kernel, call.target, grid=grid(rows) if rows else (0, 1, 1),
+            buffers=("pool_ptr", "x_ptr", "slots_ptr", "out_ptr"),
+            avals=(*call.avals_in, *call.avals_out),
+            nulls={"keys_ptr": jnp.int32, "winners_ptr": jnp.int32},
+            scalars={"T": np.int32(num_tokens), "H": np.int32(heads), "P": pages},
+            constants={**constants, "TABLE_BITS": 0})
+        return launcher.emit(ctx, launch, [pool, x, slots], call.avals_in, call.avals_out,
+                             {0: 0})
     bits = table_bits(num_tokens)
     table_avals = [ShapedArray(((1 << bits) + 1,), jnp.int32),
                    ShapedArray((1 << bits,), jnp.int32)]
     fill = ctx.replace(avals_in=[], avals_out=table_avals)
     empty = mlir.lower_fun(lambda: [jnp.full(a.shape, -1, jnp.int32) for a in table_avals],
                            multiple_results=True)(fill)
-    pages = np.int32(pool_aval.shape[0])
     claim = triton_call.launch(
         claim_kernel, call.target,
-        grid=(triton.cdiv(num_tokens, CLAIM_ROWS), 1, 1) if num_tokens else (0, 1, 1),
+        grid=(triton.cdiv(num_tokens, CLAIM_ROWS), 1, 1),
         buffers=("slots_ptr", None, None, "keys_ptr", "winners_ptr"),  # written in place
         avals=(slots_aval, *table_avals, *table_avals),
         scalars={"T": np.int32(num_tokens), "P": pages},
@@ -187,8 +224,7 @@ def lower(ctx, call, pool, x, slots):
         buffers=("pool_ptr", "x_ptr", "slots_ptr", "keys_ptr", "winners_ptr", "out_ptr"),
         avals=(*call.avals_in, *table_avals, *call.avals_out),
         scalars={"T": np.int32(num_tokens), "H": np.int32(heads), "P": pages},
-        constants={"ROUND": ROUND_MODE_CODES[call.params["round_mode"]],
-                   "ROWS": rows_per_program(rows), "TABLE_BITS": bits},
+        constants={**constants, "TABLE_BITS": bits},
     )
     return launcher.emit(ctx, launch, [pool, x, slots, keys, winners],
                          [*call.avals_in, *table_avals], call.avals_out, {0: 0})
