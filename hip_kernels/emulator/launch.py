@@ -330,6 +330,8 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
                                    kernel.private_segment_size * 64 * 2) + lds * 12
     per_batch = max(1, BATCH_BYTES // max(per_group, 1))
     issues, stats, waves_run = 0, {}, 0
+    errstate = np.errstate(all="ignore")  # IEEE results (inf/NaN) are the semantics here
+    errstate.__enter__()
     try:
         for start, batch in _batches(groups, per_batch):
             m = Machine(waves=len(batch) * waves_per_group, vgprs=kernel.vgpr_file,
@@ -345,6 +347,7 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
             for k, v in m.stats.items():
                 stats[k] = stats.get(k, 0) + v
     finally:
+        errstate.__exit__(None, None, None)
         memory.unmap(region)
     by_class = dict.fromkeys(CLASSES, 0)
     executed = []
