@@ -21,11 +21,12 @@ FIRST_INPUT = 2
 
 
 def kernel_text(body: str, n_in: int, outputs: list[str], *, arch: str, vgprs: int,
-                agprs: int = 0, fp16_overflow: int = 0) -> str:
+                agprs: int = 0, fp16_overflow: int = 0, lds: int = 0,
+                block: int = 64) -> str:
     lines = [
         "s_load_dwordx4 s[4:7], s[0:1], 0x0",  # in, out
         "s_load_dword s8, s[0:1], 0x10",  # plane stride in bytes
-        "v_lshl_add_u32 v1, s2, 6, v0",
+        f"v_lshl_add_u32 v1, s2, {block.bit_length() - 1}, v0",
         "v_lshlrev_b32_e32 v1, 2, v1",
         "s_waitcnt lgkmcnt(0)",
     ]
@@ -52,7 +53,7 @@ snippet:
 \t.section .rodata,"a",@progbits
 \t.p2align 6, 0x0
 \t.amdhsa_kernel snippet
-\t\t.amdhsa_group_segment_fixed_size 0
+\t\t.amdhsa_group_segment_fixed_size {lds}
 \t\t.amdhsa_private_segment_fixed_size 0
 \t\t.amdhsa_kernarg_size 24
 \t\t.amdhsa_user_sgpr_count 2
@@ -79,7 +80,7 @@ amdhsa.kernels:
         .size:           4
         .value_kind:     by_value
     .kernarg_segment_size: 24
-    .max_flat_workgroup_size: 64
+    .max_flat_workgroup_size: {block}
     .name:           snippet
     .symbol:         snippet.kd
     .vgpr_count:     {total}
@@ -93,26 +94,29 @@ amdhsa.version:
 
 
 def run_snippet(body: str, inputs, outputs: list[str], *, arch: str = "gfx950",
-                vgprs: int = 64, agprs: int = 0, fp16_overflow: int = 0,
-                threads: int | None = None, report: bool = False, checks=None):
-    """Run ``body`` over ``inputs`` (uint32 ``[n_in, lanes]``, lanes a multiple of 64);
-    the ``outputs`` registers as uint32 ``[len(outputs), lanes]``."""
+                vgprs: int = 64, agprs: int = 0, fp16_overflow: int = 0, lds: int = 0,
+                block: int = 64, report: bool = False, checks=None, max_steps=None):
+    """Run ``body`` over ``inputs`` (uint32 ``[n_in, lanes]``, lanes a multiple of
+    ``block``, a power of two) with ``block`` work-items per workgroup; the ``outputs``
+    registers as uint32 ``[len(outputs), lanes]``."""
     inputs = np.ascontiguousarray(np.asarray(inputs, np.uint32).reshape(
         len(inputs) if np.ndim(inputs) > 1 else 1, -1))
     lanes = inputs.shape[1]
-    waves = -(-lanes // 64)
+    waves = -(-lanes // block) * block // 64
     padded = np.zeros((inputs.shape[0], waves * 64), np.uint32)
     padded[:, :lanes] = inputs
     out = np.zeros((len(outputs), waves * 64), np.uint32)
     text = kernel_text(body, inputs.shape[0], outputs, arch=arch, vgprs=vgprs, agprs=agprs,
-                       fp16_overflow=fp16_overflow)
+                       fp16_overflow=fp16_overflow, lds=lds, block=block)
     kernel = Program.from_asm(text).kernel("snippet")
     memory = Memory()
     memory.map(IN_BASE, padded.reshape(-1).view(np.uint8), writable=False, name="in")
     memory.map(OUT_BASE, out.reshape(-1).view(np.uint8), writable=True, name="out")
     kernarg = struct.pack("<QQI", IN_BASE, OUT_BASE, waves * 64 * 4) + b"\0" * 4
     kwargs = {} if checks is None else {"checks": checks}
-    rep = run(kernel, grid=(waves, 1, 1), block=(threads or 64, 1, 1), kernarg=kernarg,
+    if max_steps is not None:
+        kwargs["max_steps"] = max_steps
+    rep = run(kernel, grid=(waves * 64 // block, 1, 1), block=(block, 1, 1), kernarg=kernarg,
               memory=memory, arch=arch, **kwargs)
     result = out[:, :lanes]
     return (result, rep) if report else result
