@@ -62,7 +62,7 @@ def test_scratch_outside_the_private_segment_faults():
     expect_fault("scratch-range", "scratch_store_dword off, v2, off offset:4")
 
 
-# ---- definedness ------------------------------------------------------------------------------------
+# ---- definedness --------------------------------------------------------------------------------
 
 def test_undefined_register_as_an_address_faults():
     """v40 is never written. (Mutation: marking every VGPR defined at launch made this
@@ -149,7 +149,7 @@ def test_mfma_rows_propagate_definedness():
     expect_fault("undefined", body + "global_store_dword v1, v40, s[6:7]")
 
 
-# ---- waitcnt ------------------------------------------------------------------------------------------
+# ---- waitcnt ------------------------------------------------------------------------------------
 
 def test_load_used_before_its_waitcnt_faults():
     """(Mutation: dropping the waitcnt check of VALU sources made this test fail.)"""
@@ -203,7 +203,7 @@ def test_lds_read_needs_lgkmcnt():
     """, lds=256)
 
 
-# ---- LDS races -----------------------------------------------------------------------------------
+# ---- LDS races ----------------------------------------------------------------------------------
 
 RACE_BODY = """
     v_lshlrev_b32_e32 v10, 2, v0
