@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import waitcnt
-from .machine import ALL, FULL, bits_to_mask, mask_to_bits
+from .machine import FULL, bits_to_mask, mask_to_bits
 
 
 def lane_defined(m, w, vregs, sregs):
@@ -124,4 +124,4 @@ def require_scc(m, w, inst, what):
 
 
 def _wave(m, w, i):
-    return int(np.arange(m.W)[w][i]) if w is not ALL else int(i)
+    return int(np.arange(m.W)[w][i])

@@ -212,88 +212,83 @@ def _release_barriers(m: Machine, groups) -> None:
 
 
 def _end_waves(m: Machine, w) -> None:
-    m.ended[w] = True
     waitcnt.retire_waves(m, w)
-    if m.check_undefined:
-        m.vdef[:, w] = True
+    m.end_waves(w)
     _release_barriers(m, m.wave_group[w])
 
 
 def execute(m: Machine, code, entry: int, max_steps: int) -> int:
-    """Run every wave of ``m`` from ``entry`` to s_endpgm; returns the number of issues."""
+    """Run every wave of ``m`` from ``entry`` to s_endpgm; returns the number of issues.
+
+    Waves at the same program counter run as one group (``ALL``, a slice or an index array)
+    through straight-line code until a branch splits them, a wave ends or a barrier is
+    reached; then the group at the lowest program counter runs next.
+    """
     m.pc[:] = entry
-    steps = 0
-    uniform, pc = True, entry
-    waves = m.W
+    steps, w, pc = 0, ALL, entry
     while True:
-        if uniform:
-            while True:
-                inst = code[pc]
-                inst.count += waves
-                steps += 1
-                kind = inst.kind
-                if kind == NORMAL:
-                    inst.run(m, ALL)
-                    pc += 1
-                elif kind == BRANCH:
-                    target = inst.run(m, ALL)
-                    if target < 0:
-                        uniform = False
-                        break
-                    pc = target
-                elif kind == BARRIER:
-                    m.epoch += 1  # every wave of every group arrived together
-                    pc += 1
-                else:
-                    _end_waves(m, ALL)
-                    return steps
-                if steps > max_steps:
-                    m.pc[:] = pc
-                    raise _budget_fault(m, code, max_steps)
-        steps = _diverged(m, code, steps, max_steps)
-        if steps < 0:
-            return -steps
-        uniform, pc = True, int(m.pc[0])
-
-
-def _diverged(m: Machine, code, steps: int, max_steps: int) -> int:
-    """Run waves group by group until they all end (returns -steps) or all sit at one program
-    counter with none ended or waiting (returns steps: back to the uniform loop)."""
-    big = np.iinfo(np.int64).max
-    while True:
-        runnable = ~m.ended & ~m.waiting
-        if not runnable.any():
-            if m.ended.all():
-                return -steps
-            g = int(m.wave_group[np.flatnonzero(~m.ended)[0]])
-            raise EmulatorFault("barrier", "waves wait at s_barrier for waves of their "
-                                "workgroup that never arrive", workgroup=m.group_id(
-                                    int(np.flatnonzero(m.wave_group == g)[0])))
-        pcs = np.where(runnable, m.pc, big)
-        p = int(pcs.min())
-        selected = pcs == p
-        if selected.all():
+        steps = _run_group(m, code, w, pc, steps, max_steps)
+        group = _next_group(m)
+        if group is None:
             return steps
-        idx = np.flatnonzero(selected)
-        inst = code[p]
-        inst.count += idx.size
+        w, pc = group
+
+
+def _run_group(m: Machine, code, w, pc: int, steps: int, max_steps: int) -> int:
+    waves = m.W if w is ALL else len(np.arange(m.W)[w])
+    while True:
+        inst = code[pc]
+        inst.count += waves
         steps += 1
         if steps > max_steps:
+            m.pc[w] = pc
             raise _budget_fault(m, code, max_steps)
         kind = inst.kind
         if kind == NORMAL:
-            inst.run(m, idx)
-            m.pc[idx] = p + 1
+            inst.run(m, w)
+            pc += 1
         elif kind == BRANCH:
-            target = inst.run(m, idx)
-            if target >= 0:
-                m.pc[idx] = target
+            target = inst.run(m, w)
+            if target < 0:
+                return steps  # diverged: the branch stored each wave's target
+            pc = target
         elif kind == BARRIER:
-            m.pc[idx] = p + 1
-            m.waiting[idx] = True
-            _release_barriers(m, m.wave_group[idx])
+            if w is ALL:
+                m.epoch += 1  # every wave of every group arrived together
+                pc += 1
+                continue
+            m.pc[w] = pc + 1
+            m.waiting[w] = True
+            _release_barriers(m, m.wave_group[w])
+            return steps
         else:
-            _end_waves(m, idx)
+            m.pc[w] = pc
+            _end_waves(m, w)
+            return steps
+
+
+def _next_group(m: Machine):
+    """(selector, pc) of the waves at the lowest program counter among those that can run;
+    None when every wave ended."""
+    runnable = ~m.ended & ~m.waiting
+    if not runnable.any():
+        if m.ended.all():
+            return None
+        wave = int(np.flatnonzero(~m.ended)[0])
+        raise EmulatorFault("barrier", "waves wait at s_barrier for waves of their workgroup "
+                            "that never arrive", workgroup=m.group_id(wave),
+                            wave=m.global_wave(wave))
+    pcs = np.where(runnable, m.pc, np.iinfo(np.int64).max)
+    p = int(pcs.min())
+    selected = pcs == p
+    if selected.all():
+        m.live_selection = ALL
+        return ALL, p
+    idx = np.flatnonzero(selected)
+    w = slice(int(idx[0]), int(idx[-1]) + 1) if idx[-1] - idx[0] + 1 == idx.size else idx
+    if idx.size == int((~m.ended).sum()):
+        m.live_selection = w
+    return w, p
 
 
 def _budget_fault(m, code, max_steps):

@@ -36,7 +36,8 @@ WRITE2 = {"ds_write2_b32": (4, 4), "ds_write2_b64": (8, 8), "ds_write2st64_b32":
 
 
 class LdsAccess:
-    """Resolves the active lanes' LDS byte positions for one access of ``size`` bytes."""
+    """The active lanes' LDS positions for one access of ``size`` bytes. Accesses whose
+    addresses are all 4-byte aligned move whole 4-byte cells (``unit`` 4), others bytes."""
 
     def __init__(self, m, w, inst, addr: np.ndarray, size: int, active=None):
         self.m, self.w, self.inst = m, w, inst
@@ -52,66 +53,79 @@ class LdsAccess:
                           f"workgroup's {m.lds_bytes} bytes", inst, w, lane=int(li[k]),
                           address=int(a[k]), wave_index=int(self.waves[wi[k]]))
         group = m.wave_group[self.waves[wi]]
-        self.flat = (group.astype(I64) * m.lds.shape[1] + a)[:, None] + np.arange(size)
+        flat = group.astype(I64) * m.lds.shape[1] + a
+        self.unit = 4 if size % 4 == 0 and not np.any(flat & 3) else 1
+        self.size = size
+        self.cells = (flat // self.unit)[:, None] + np.arange(size // self.unit)
         self.local_wave = m.wave_in_group[self.waves[wi]]
-        self.epoch = m.epoch[group][:, None]
+        self.epoch = m.epoch[group].astype(I64)[:, None, None]
+
+    def _view(self, array):
+        return array.reshape(-1, self.unit)
 
     def read(self) -> np.ndarray:
         m = self.m
-        data = m.lds.reshape(-1)[self.flat]
+        data = self._view(m.lds)[self.cells].reshape(-1, self.size)
         if m.check_races:
             self._race(write=False)
         m.stats["lds_read"] += data.size
         return data
 
     def defined(self) -> np.ndarray:
-        return self.m.lds_def.reshape(-1)[self.flat]
+        return self._view(self.m.lds_def)[self.cells].reshape(-1, self.size)
 
     def write(self, data: np.ndarray, defined=None) -> None:
         m = self.m
         if m.check_races:
             self._race(write=True)
-        m.lds.reshape(-1)[self.flat.ravel()] = data.ravel()
+        shape = (*self.cells.shape, self.unit)
+        self._view(m.lds)[self.cells] = data.reshape(shape)
         if m.check_undefined:
-            m.lds_def.reshape(-1)[self.flat.ravel()] = (True if defined is None else
-                                                        defined.ravel())
+            self._view(m.lds_def)[self.cells] = True if defined is None else defined.reshape(
+                shape)
         m.stats["lds_written"] += data.size
 
     def _race(self, write: bool) -> None:
+        """Check and record this access against the bytes' last writer and readers in the
+        current barrier epoch of each workgroup."""
         m = self.m
-        for lw in np.unique(self.local_wave):
-            rows = self.local_wave == lw
-            pos = self.flat[rows]
-            epoch = np.broadcast_to(self.epoch[rows], pos.shape)
-            bit = np.uint16(1 << int(lw))
-            same_epoch_write = m.lds_write_epoch.reshape(-1)[pos] == epoch
-            other_writer = same_epoch_write & (m.lds_writer.reshape(-1)[pos] != lw)
-            conflict = other_writer
-            if write:
-                same_epoch_read = m.lds_read_epoch.reshape(-1)[pos] == epoch
-                others = m.lds_readers.reshape(-1)[pos] & np.uint16(~bit & 0xFFFF)
-                conflict = conflict | (same_epoch_read & (others != 0))
-            if conflict.any():
-                r, c = np.argwhere(conflict)[0]
-                k = np.flatnonzero(rows)[r]
-                byte = int(pos[r, c] % m.lds.shape[1])
-                writer = int(m.lds_writer.reshape(-1)[pos[r, c]])
-                kind = "write" if write else "read"
-                other = (f"wave {writer} of the workgroup wrote it" if other_writer[r, c] else
-                         "another wave of the workgroup read it")
-                raise m.fault("lds-race", f"LDS {kind} of byte {byte:#x} by wave {int(lw)} of "
-                              f"its workgroup while {other} since the last s_barrier",
-                              self.inst, self.w, lane=int(self.li[k]), address=byte,
-                              wave_index=int(self.waves[self.wi[k]]))
-            flat = pos.ravel()
-            if write:
-                m.lds_writer.reshape(-1)[flat] = lw
-                m.lds_write_epoch.reshape(-1)[flat] = epoch.ravel()
-            else:
-                fresh = m.lds_read_epoch.reshape(-1)[flat] != epoch.ravel()
-                old = np.where(fresh, np.uint16(0), m.lds_readers.reshape(-1)[flat])
-                m.lds_readers.reshape(-1)[flat] = old | bit
-                m.lds_read_epoch.reshape(-1)[flat] = epoch.ravel()
+        cells, epoch = self.cells, self.epoch
+        lw = self.local_wave.astype(I64)[:, None, None]
+        winfo, rinfo = self._view(m.lds_write_info), self._view(m.lds_read_info)
+        bits = I64(1) << lw
+        wrote = winfo[cells]
+        other_writer = ((wrote >> 4) == epoch) & ((wrote & 15) != lw) & (wrote >= 0)
+        conflict = other_writer
+        if write:
+            read = rinfo[cells]
+            conflict = conflict | (((read >> 16) == epoch) & ((read & 0xFFFF & ~bits) != 0)
+                                   & (read >= 0))
+            winfo[cells] = np.broadcast_to((epoch << 4) | lw, wrote.shape)
+            # two waves writing one byte in this very instruction: the last store wins, the
+            # other wave reads back a different writer.
+            conflict = conflict | ((winfo[cells] & 15) != lw)
+        else:
+            for wave in np.unique(self.local_wave):
+                rows = self.local_wave == wave
+                sub = cells[rows]
+                read = rinfo[sub]
+                fresh = (read >> 16) != epoch[rows]
+                rinfo[sub] = np.where(fresh, epoch[rows] << 16, read) | (I64(1) << int(wave))
+        if conflict.any():
+            self._race_fault(np.argwhere(conflict)[0], write, other_writer)
+
+    def _race_fault(self, where, write, other_writer) -> None:
+        m = self.m
+        r, c, b = where
+        byte = int((self.cells[r, c] * self.unit + b) % m.lds.shape[1])
+        wave = int(self.local_wave[r])
+        other = ("another wave of the workgroup wrote it" if other_writer[r, c, b] or write
+                 else "another wave of the workgroup read it")
+        kind = "write" if write else "read"
+        raise m.fault("lds-race", f"LDS {kind} of byte {byte:#x} by wave {wave} of its "
+                      f"workgroup while {other} since the last s_barrier", self.inst, self.w,
+                      lane=int(self.li[r]), address=byte,
+                      wave_index=int(self.waves[self.wi[r]]))
 
 
 def _vaddr(m, w, r, offset):

@@ -68,11 +68,15 @@ class Machine:
         self.groups = workgroups
         self.waves_per_group = waves_per_group
         self.lds_bytes = lds_bytes
-        self.lds = np.zeros((workgroups, max(lds_bytes, 1)), np.uint8)
+        # rows padded to 16 bytes so that aligned accesses can use 4-byte cells
+        self.lds = np.zeros((workgroups, -(-max(lds_bytes, 1) // 16) * 16), np.uint8)
         self.private_bytes = private_bytes
         self.scratch = (np.zeros((waves, LANES, private_bytes), np.uint8)
                         if private_bytes else None)
         self.checks = checks
+        self._full_of = None
+        self._full = False
+        self.live_selection = None  # the index array the scheduler uses for all live waves
         self.check_undefined = "undefined" in checks
         self.check_waitcnt = "waitcnt" in checks
         self.check_races = "lds-race" in checks and waves_per_group > 1
@@ -93,10 +97,10 @@ class Machine:
         self.epoch = np.zeros(workgroups, np.int32)
         if self.check_races:
             shape = self.lds.shape
-            self.lds_writer = np.full(shape, -1, np.int8)
-            self.lds_write_epoch = np.full(shape, -1, np.int32)
-            self.lds_readers = np.zeros(shape, np.uint16)
-            self.lds_read_epoch = np.full(shape, -1, np.int32)
+            # per LDS byte: (epoch << 4) | wave of the last write, (epoch << 16) | mask of
+            # the waves that read it in that epoch; -1: never
+            self.lds_write_info = np.full(shape, -1, np.int64)
+            self.lds_read_info = np.full(shape, -1, np.int64)
         # statistics (bytes; see profile.py)
         self.stats = {"global_read": 0, "global_written": 0, "smem_bytes": 0, "lds_read": 0,
                       "lds_written": 0, "scratch_read": 0, "scratch_written": 0}
@@ -108,15 +112,22 @@ class Machine:
         self.exec[w] = mask
         self.full[w] = mask.all(axis=1)
         self.all_full = bool(self.full[~self.ended].all())
-
-    def exec_of(self, w) -> np.ndarray:
-        return self.exec[w]
+        self._full_of = None
 
     def all_active(self, w) -> bool:
-        """Whether every lane of every wave in ``w`` is active."""
+        """Whether every lane of every wave in ``w`` is active (cached per selection object:
+        the scheduler passes the same ``w`` for a run of instructions)."""
         if w is ALL:
             return self.all_full
-        return bool(self.full[w].all())
+        if self._full_of is not w:
+            self._full_of = w
+            self._full = bool(self.full[w].all())
+        return self._full
+
+    def covers_live(self, w) -> bool:
+        """Whether ``w`` selects every wave that has not ended (a write by ``w`` with the full
+        EXEC then defines a register everywhere that matters)."""
+        return w is ALL or w is self.live_selection
 
     # ---- VGPR writes -------------------------------------------------------------------------
     def write_v(self, w, r: int, value, mask=None) -> None:
@@ -127,7 +138,7 @@ class Machine:
             plane[w] = value
             if self.check_undefined and r in self.v_undef:
                 self.vdef[r][w] = True
-                if w is ALL:
+                if self.covers_live(w):
                     self.v_undef.discard(r)
             return
         m = self.exec[w] if mask is None else (self.exec[w] & mask)
@@ -140,6 +151,8 @@ class Machine:
             plane[w] = np.where(m, value, plane[w])
             if track:
                 self.vdef[r][w] = self.vdef[r][w] | m
+        if track and self.vdef[r].all():
+            self.v_undef.discard(r)
 
     def write_v_def(self, w, r: int, defined, mask=None) -> None:
         """Set the definedness of VGPR r's active lanes to ``defined`` (bool [n, 64])."""
@@ -149,7 +162,9 @@ class Machine:
             np.copyto(plane, defined, where=m)
         else:
             plane[w] = np.where(m, defined, plane[w])
-        if not np.all(plane):
+        if plane.all():
+            self.v_undef.discard(r)
+        else:
             self.v_undef.add(r)
 
     # ---- SGPR writes -------------------------------------------------------------------------
@@ -161,19 +176,29 @@ class Machine:
             if defined is None:
                 if r in self.s_undef:
                     self.sdef[r][w] = FULL
-                    if w is ALL or bool((self.sdef[r] == FULL).all()):
+                    if self.covers_live(w) or bool((self.sdef[r] == FULL).all()):
                         self.s_undef.discard(r)
             else:
                 self.sdef[r][w] = defined
-                if not np.all(self.sdef[r] == FULL):
+                if np.all(self.sdef[r] == FULL):
+                    self.s_undef.discard(r)
+                else:
                     self.s_undef.add(r)
         if r == EXEC or r == EXEC + 1:
             self.sync_exec(w)
 
+    def end_waves(self, w) -> None:
+        """Mark waves ended; their registers count as defined from now on."""
+        self.ended[w] = True
+        self.live_selection = None
+        self.all_full = bool(self.full[~self.ended].all()) if not self.ended.all() else True
+        if self.check_undefined:
+            self.vdef[:, w] = True
+            self.sdef[:, w] = FULL
+
     def fault_context(self, inst, w, lane=None, address=None, wave_index=None):
         """Location fields for an EmulatorFault raised while executing ``inst``."""
-        waves = np.arange(self.W)[w] if w is not ALL else np.arange(self.W)
-        wave = int(waves[0] if wave_index is None else wave_index)
+        wave = int(np.arange(self.W)[w][0] if wave_index is None else wave_index)
         return dict(instruction=inst.text, line=inst.line, pc=inst.pc,
                     wave=self.global_wave(wave), workgroup=self.group_id(wave), lane=lane,
                     address=address)

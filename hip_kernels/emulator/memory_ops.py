@@ -25,7 +25,6 @@ import numpy as np
 
 from . import defined as D
 from . import waitcnt
-from .machine import ALL
 from .memory import AccessError
 from .sources import scalar_reader_32, scalar_reader_64
 
@@ -39,7 +38,7 @@ CACHE_POLICY = {"glc", "slc", "nt", "sc0", "sc1", "dlc"}
 
 
 def wave_indices(m, w):
-    return np.arange(m.W) if w is ALL else np.asarray(w)
+    return np.arange(m.W)[w]
 
 
 def widen(data: np.ndarray, size: int, signed: bool) -> np.ndarray:

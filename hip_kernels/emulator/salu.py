@@ -13,7 +13,7 @@ import numpy as np
 
 from . import defined as D
 from . import waitcnt
-from .machine import ALL, FULL
+from .machine import FULL
 from .memory import AccessError
 from .operands import EXEC
 from .sources import scalar_reader_32, scalar_reader_64
@@ -473,4 +473,4 @@ def build_smem(ctx, pi, base, memory_of):
 
 
 def _wave(m, w, i):
-    return int(np.arange(m.W)[w][i]) if w is not ALL else int(i)
+    return int(np.arange(m.W)[w][i])

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import numerics as nx
 from . import valu_ops as V
-from .machine import ALL, mask_to_bits
+from .machine import mask_to_bits
 from .sources import Context, registers_read, vector_reader_32, vector_reader_64
 
 U32, U64, I32 = np.uint32, np.uint64, np.int32
@@ -398,4 +398,4 @@ def build_vopc(ctx: Context, pi, base: str, enc: str):
 
 
 def all_waves(m, w):
-    return np.arange(m.W) if w is ALL else w
+    return np.arange(m.W)[w]
