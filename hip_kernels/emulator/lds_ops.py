@@ -76,43 +76,58 @@ class LdsAccess:
 
     def write(self, data: np.ndarray, defined=None) -> None:
         m = self.m
-        if m.check_races:
-            self._race(write=True)
         shape = (*self.cells.shape, self.unit)
-        self._view(m.lds)[self.cells] = data.reshape(shape)
+        new = data.reshape(shape)
+        if m.check_races:
+            self._race_write(new)
+        else:
+            self._view(m.lds)[self.cells] = new
         if m.check_undefined:
             self._view(m.lds_def)[self.cells] = True if defined is None else defined.reshape(
                 shape)
         m.stats["lds_written"] += data.size
 
     def _race(self, write: bool) -> None:
-        """Check and record this access against the bytes' last writer and readers in the
-        current barrier epoch of each workgroup."""
+        """Check and record a read against the bytes' last writer in the current barrier
+        epoch of each workgroup."""
         m = self.m
         cells, epoch = self.cells, self.epoch
         lw = self.local_wave.astype(I64)[:, None, None]
-        winfo, rinfo = self._view(m.lds_write_info), self._view(m.lds_read_info)
-        bits = I64(1) << lw
-        wrote = winfo[cells]
+        wrote = self._view(m.lds_write_info)[cells]
         other_writer = ((wrote >> 4) == epoch) & ((wrote & 15) != lw) & (wrote >= 0)
-        conflict = other_writer
-        if write:
-            read = rinfo[cells]
-            conflict = conflict | (((read >> 16) == epoch) & ((read & 0xFFFF & ~bits) != 0)
-                                   & (read >= 0))
-            winfo[cells] = np.broadcast_to((epoch << 4) | lw, wrote.shape)
-            # two waves writing one byte in this very instruction: the last store wins, the
-            # other wave reads back a different writer.
-            conflict = conflict | ((winfo[cells] & 15) != lw)
-        else:
-            for wave in np.unique(self.local_wave):
-                rows = self.local_wave == wave
-                sub = cells[rows]
-                read = rinfo[sub]
-                fresh = (read >> 16) != epoch[rows]
-                rinfo[sub] = np.where(fresh, epoch[rows] << 16, read) | (I64(1) << int(wave))
+        rinfo = self._view(m.lds_read_info)
+        for wave in np.unique(self.local_wave):
+            rows = self.local_wave == wave
+            sub = cells[rows]
+            read = rinfo[sub]
+            fresh = (read >> 16) != epoch[rows]
+            rinfo[sub] = np.where(fresh, epoch[rows] << 16, read) | (I64(1) << int(wave))
+        if other_writer.any():
+            self._race_fault(np.argwhere(other_writer)[0], False, other_writer)
+
+    def _race_write(self, new: np.ndarray) -> None:
+        """Store ``new`` and check it: a byte whose value changes, which another wave of the
+        workgroup wrote or read in the current epoch, is a race. (Waves storing the value a
+        byte already holds, as compilers do when several waves hold copies of the same data,
+        change nothing and race with nobody.)"""
+        m = self.m
+        cells, epoch = self.cells, self.epoch
+        lw = self.local_wave.astype(I64)[:, None, None]
+        data, winfo, rinfo = self._view(m.lds), self._view(m.lds_write_info), self._view(
+            m.lds_read_info)
+        changed = data[cells] != new
+        wrote, read = winfo[cells], rinfo[cells]
+        bits = I64(1) << lw
+        other_writer = ((wrote >> 4) == epoch) & ((wrote & 15) != lw) & (wrote >= 0)
+        other_reader = ((read >> 16) == epoch) & ((read & 0xFFFF & ~bits) != 0) & (read >= 0)
+        conflict = changed & (other_writer | other_reader)
+        data[cells] = new
+        winfo[cells] = np.where(changed, (epoch << 4) | lw, wrote)
+        # two waves writing different values to one byte in this very instruction: the
+        # value that stayed is not this row's and was stored by another wave.
+        conflict |= changed & (data[cells] != new) & ((winfo[cells] & 15) != lw)
         if conflict.any():
-            self._race_fault(np.argwhere(conflict)[0], write, other_writer)
+            self._race_fault(np.argwhere(conflict)[0], True, other_writer)
 
     def _race_fault(self, where, write, other_writer) -> None:
         m = self.m
@@ -146,6 +161,8 @@ def build_ds(ctx, pi, base):
         return _build_bpermute(ctx, pi)
     if base == "ds_swizzle_b32":
         return _build_swizzle(ctx, pi)
+    if base == "ds_read_b64_tr_b16":
+        return _build_read_tr_b16(ctx, pi)
     raise ctx.fail(f"{base} is not modelled")
 
 
@@ -271,6 +288,47 @@ def _build_bpermute(ctx, pi):
             m.write_v_def(w, dst, dsrc)
         waitcnt.issue(m, w, inst, "lgkm", vregs=(dst,))
     return run, dict(vsrc={addr, data}, ssrc=set(), vdst={dst}, sdst=set(), memory="lds",
+                     cross_lane=True)
+
+
+def _build_read_tr_b16(ctx, pi):
+    """ds_read_b64_tr_b16 vD[0:1], vA offset:N (gfx950): every lane reads 64 bits (four
+    16-bit elements) at its own address; then, in each group of 4 consecutive lanes, lane
+    ``g + h`` receives element h of lanes g..g+3, in lane order (a 4x4 transpose of 16-bit
+    elements). No AMD ISA text was available here; this is AMD's rocjitsu emulator's
+    ``transpose_b16`` for the b64 form, and Triton's gfx950 attention kernels, which use it
+    for their PV operand, give the oracle's results with it (tests/emulator). Requires the
+    full EXEC."""
+    mods = dict(pi.modifiers)
+    check_fields(ctx, mods, {"offset"})
+    offset = int(mods.get("offset", 0))
+    ops = pi.operands
+    dst, addr = ctx.vreg(ops[0], 2), ctx.vreg(ops[1], 1)
+    inst = ctx.inst
+    lane = np.arange(64)
+    # destination lane d, element i  <-  source lane base + 4*i + (d%16)//4, element d % 4
+    src_lane = (lane - lane % 16)[:, None] + 4 * np.arange(4)[None, :] + ((lane % 16) // 4)[
+        :, None]
+    src_elem = np.broadcast_to((lane % 4)[:, None], (64, 4))
+
+    def run(m, w):
+        _require_addr(m, w, inst, addr)
+        if not m.all_active(w):
+            raise m.fault("unsupported", "ds_read_b64_tr_b16 with a partial EXEC mask", inst,
+                          w)
+        acc = LdsAccess(m, w, inst, _vaddr(m, w, addr, offset), 8)
+        data = acc.read().view(np.uint16).reshape(-1, 64, 4)  # [n, lane, element]
+        out = data[:, src_lane, src_elem]
+        words = np.ascontiguousarray(out).view(U32).reshape(-1, 64, 2)
+        m.write_v(w, dst, words[:, :, 0])
+        m.write_v(w, dst + 1, words[:, :, 1])
+        if m.check_undefined:
+            ok = acc.defined().reshape(-1, 64, 4, 2).all(axis=3)
+            ok = ok[:, src_lane, src_elem]
+            m.write_v_def(w, dst, ok[:, :, :2].all(axis=2))
+            m.write_v_def(w, dst + 1, ok[:, :, 2:].all(axis=2))
+        waitcnt.issue(m, w, inst, "lgkm", vregs=(dst, dst + 1))
+    return run, dict(vsrc={addr}, ssrc=set(), vdst={dst, dst + 1}, sdst=set(), memory="lds",
                      cross_lane=True)
 
 

@@ -91,6 +91,7 @@ class Machine:
                             if self.check_undefined and self.scratch is not None else None)
         # loads in flight (see waitcnt.py)
         self.queue: list = []
+        self.outstanding = {"vm": np.zeros(waves, np.int64), "lgkm": np.zeros(waves, np.int64)}
         self.pending_v: set[int] = set()
         self.pending_s: set[int] = set()
         # LDS race bookkeeping (see memory_ops.py)

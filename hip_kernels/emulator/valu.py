@@ -239,6 +239,11 @@ def build_generic(ctx: Context, pi, base: str, enc: str):
                enumerate(zip(ops[1:], src_ts, strict=True))]
     post = make_post(ctx, dst_t, mods, enc, base)
     write, dst_regs = make_dest(ctx, ops[0], dst_t, enc, mods)
+    if base in V.PRESERVE_HIGH:
+        low_write, dreg = write, ctx.vreg(ops[0], 1)
+
+        def write(m, w, bits, mask=None):
+            low_write(m, w, (m.v[dreg][w] & U32(0xFFFF0000)) | bits, mask)
     counts = [2 if t in WIDE else 1 for t in src_ts]
     vsrc, ssrc = registers_read(ctx, ops[1:], counts)
     if dpp is not None:

@@ -227,6 +227,12 @@ OPS = {
     "v_min_u16": ("u16", ("u16", "u16"), np.minimum),
     "v_max_i16": ("u16", ("i16", "i16"), lambda a, b: _u16(np.maximum(a, b))),
     "v_min_i16": ("u16", ("i16", "i16"), lambda a, b: _u16(np.minimum(a, b))),
+    "v_max3_u16": ("u16", ("u16",) * 3, lambda a, b, c: np.maximum(np.maximum(a, b), c)),
+    "v_min3_u16": ("u16", ("u16",) * 3, lambda a, b, c: np.minimum(np.minimum(a, b), c)),
+    "v_med3_u16": ("u16", ("u16",) * 3, imed3),
+    "v_max3_i16": ("u16", ("i16",) * 3, lambda a, b, c: _u16(np.maximum(np.maximum(a, b), c))),
+    "v_min3_i16": ("u16", ("i16",) * 3, lambda a, b, c: _u16(np.minimum(np.minimum(a, b), c))),
+    "v_med3_i16": ("u16", ("i16",) * 3, lambda a, b, c: _u16(imed3(a, b, c))),
     "v_mul_f16": ("f16", ("f16", "f16"), lambda a, b: _f16(a * b)),
     "v_add_f16": ("f16", ("f16", "f16"), lambda a, b: _f16(a + b)),
     "v_sub_f16": ("f16", ("f16", "f16"), lambda a, b: _f16(a - b)),
@@ -289,6 +295,11 @@ OPS = {
                           lambda a, b: nx.f32_to_bf16_bits(nx.bits32(a))
                           | (nx.f32_to_bf16_bits(nx.bits32(b)) << U32(16))),
 }
+
+# 16-bit VOP3-only opcodes that keep the destination's high half (GFX9 writes the half that
+# op_sel[3] selects; LLVM's zeroesHigh16BitsOfDest does not list them as zeroing).
+PRESERVE_HIGH = {"v_max3_u16", "v_min3_u16", "v_med3_u16", "v_max3_i16", "v_min3_i16",
+                 "v_med3_i16"}
 
 # Integer adds/subs whose VOP3 ``clamp`` saturates (unsigned) instead of wrapping.
 UNSIGNED_SATURATING = {"v_add_u32", "v_sub_u32", "v_subrev_u32", "v_add_u16", "v_sub_u16"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
+from .defined import lane_defined
 from .sources import registers_read, vector_reader_32, vector_reader_64
 from .valu import check_modifiers
 
@@ -87,8 +88,27 @@ def build_pk_f32(ctx, pi, base, enc):
                 hi = np.asarray(fn(*(a.view(F32) for a in hi_args)), F32).view(U32)
         m.write_v(w, d, lo)
         m.write_v(w, d + 1, hi)
-    vs, ss = registers_read(ctx, ops[1:], [2 if op.kind != "const" else 1 for op in ops[1:]])
-    return run, dict(vsrc=vs, ssrc=ss, vdst={d, d + 1}, sdst=set())
+    # The registers each result half reads: source i's dword op_sel[i] (low result) and
+    # op_sel_hi[i] (high result); a pair read only through its low dword reads one register.
+    lo_regs, hi_regs, s_regs = set(), set(), set()
+    for i, op in enumerate(ops[1:]):
+        if op.kind in ("v", "a"):
+            base = ctx.vreg(op, 2)
+            lo_regs.add(base + lo_sel[i])
+            hi_regs.add(base + hi_sel[i])
+        elif op.kind == "s":
+            s_regs.update((op.index + lo_sel[i], op.index + hi_sel[i]))
+
+    def defined(m, w, run_):
+        d_lo = lane_defined(m, w, lo_regs, s_regs)
+        d_hi = lane_defined(m, w, hi_regs, s_regs)
+        run_(m, w)
+        if d_lo is not None:
+            m.write_v_def(w, d, d_lo)
+        if d_hi is not None:
+            m.write_v_def(w, d + 1, d_hi)
+    return run, dict(vsrc=lo_regs | hi_regs, ssrc=s_regs, vdst={d, d + 1}, sdst=set(),
+                     special=defined)
 
 
 def build_pk_16(ctx, pi, base, enc):

@@ -15,6 +15,12 @@ newest vector memory operations; ``lgkmcnt(n)`` retires all but the n newest LDS
 and scalar loads only when n = 0 (a set of n outstanding operations could be any n of the
 out-of-order ones). An instruction that reads a register still in flight, or writes one (the
 late load would overwrite it), is a ``waitcnt`` fault.
+
+The counters saturate: gfx9 has 6 bits of vmcnt and 4 of lgkmcnt, so a wave cannot have more
+than 63 vector memory (15 LDS/scalar) operations outstanding; issuing one more stalls until
+the oldest completes. LLVM's waitcnt insertion relies on this (``SIInsertWaitcnts`` raises
+its lower bound when the pending events exceed the counter's maximum), so the model retires
+the oldest in-order operation of a wave whose count passes the maximum.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import numpy as np
 
 from .errors import EmulatorFault
 from .machine import ALL
+
+COUNTER_MAX = {"vm": 63, "lgkm": 15}  # gfx9 s_waitcnt fields: vmcnt 6 bits, lgkmcnt 4
 
 
 class InFlight:
@@ -50,6 +58,28 @@ def issue(m, w, inst, counter: str, vregs=(), sregs=(), in_order=True) -> None:
                             inst.text, inst.line))
     m.pending_v.update(vregs)
     m.pending_s.update(sregs)
+    counts = m.outstanding[counter]
+    counts[w] += 1
+    if np.any(counts[w] > COUNTER_MAX[counter]):
+        _saturate(m, counter)
+
+
+def _saturate(m, counter: str) -> None:
+    """Retire the oldest in-order operations of waves over the counter's maximum."""
+    counts = m.outstanding[counter]
+    for entry in m.queue:
+        over = counts > COUNTER_MAX[counter]
+        if not over.any():
+            break
+        if entry.counter == counter and entry.in_order:
+            _retire(m, entry, over)
+    _compact(m)
+
+
+def _retire(m, entry, mask) -> None:
+    removed = entry.waves & mask
+    m.outstanding[entry.counter][removed] -= 1
+    entry.waves = entry.waves & ~removed
 
 
 def wait(m, w, vmcnt: int | None, lgkmcnt: int | None) -> None:
@@ -70,10 +100,10 @@ def wait(m, w, vmcnt: int | None, lgkmcnt: int | None) -> None:
                 continue
             if not entry.in_order:
                 if limit == 0:
-                    entry.waves = entry.waves & ~mine
+                    _retire(m, entry, mine)
                 continue
             newer[mine] += 1
-            entry.waves = entry.waves & ~(mine & (newer > limit))
+            _retire(m, entry, mine & (newer > limit))
     _compact(m)
 
 
@@ -82,7 +112,7 @@ def retire_waves(m, w) -> None:
     selected = np.zeros(m.W, bool)
     selected[w] = True
     for entry in m.queue:
-        entry.waves = entry.waves & ~selected
+        _retire(m, entry, selected)
     _compact(m)
 
 

@@ -172,6 +172,21 @@ def test_vmcnt_retires_the_oldest_loads_in_order():
     expect_fault("waitcnt", two + "v_mov_b32_e32 v2, v11\ns_waitcnt vmcnt(0)")
 
 
+def test_vmcnt_saturates_at_63_loads_in_flight():
+    """The 6-bit vmcnt cannot count past 63: after 63 later loads issue, the first one has
+    completed (LLVM's waitcnt insertion relies on this, and Triton's gfx942 attention kernels
+    use a load that way); after 62 it may still be in flight. (Mutation: removing the
+    saturation rule made this test and the four gfx942 Triton attention tests fail with a
+    waitcnt fault.)"""
+    def body(later):
+        loads = "\n".join(f"global_load_dword v{20 + i}, v1, s[4:5] offset:-256"
+                          for i in range(later))
+        return (f"global_load_dword v10, v1, s[4:5] offset:-256\n{loads}\n"
+                "v_mov_b32_e32 v2, v10\ns_waitcnt vmcnt(0)")
+    run_snippet(body(63), [LANES], ["v2"], vgprs=96)
+    expect_fault("waitcnt", body(62), vgprs=96)
+
+
 def test_scalar_loads_retire_only_at_lgkmcnt_zero():
     """Scalar loads return out of order: after two s_loads, lgkmcnt(1) guarantees neither.
     (Mutation: treating scalar loads as in order, like LDS, made this test fail.)"""
