@@ -14,13 +14,17 @@ runaway kernels) with the instruction, wave, lane and address. See README.md.
     report = run(kernel, grid=(gx, gy, gz), block=(bx, by, bz), dynamic_lds=0,
                  kernarg=kernarg_bytes, memory=memory, arch="gfx950")
 
+    print(format_profiles([profile(report)]))   # per-wave counts, bytes, MI355X estimate
+
 This package imports only numpy, ml_dtypes and the standard library.
 """
 
 from .errors import FAULT_KINDS, EmulatorFault
 from .launch import ALL_CHECKS, ARCHES, LDS_LIMIT, RunReport
 from .memory import Memory
+from .profiling import Estimate, Profile, format_profiles, profile
 from .program import Kernel, Program, run
 
-__all__ = ["ALL_CHECKS", "ARCHES", "FAULT_KINDS", "LDS_LIMIT", "EmulatorFault", "Kernel",
-           "Memory", "Program", "RunReport", "run"]
+__all__ = ["ALL_CHECKS", "ARCHES", "FAULT_KINDS", "LDS_LIMIT", "EmulatorFault", "Estimate",
+           "Kernel", "Memory", "Profile", "Program", "RunReport", "format_profiles", "profile",
+           "run"]

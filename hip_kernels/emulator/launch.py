@@ -52,8 +52,9 @@ class RunReport:
     arch: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    workgroups: int
-    waves: int
+    workgroups: int  # in the grid
+    workgroups_run: int  # executed (fewer when the launch ran a sample of them)
+    waves: int  # executed
     instructions: int
     by_class: dict
     global_bytes_read: int
@@ -300,13 +301,29 @@ def _budget_fault(m, code, max_steps):
                          wave=m.global_wave(wave), workgroup=m.group_id(wave))
 
 
+def _sample(groups: np.ndarray, workgroups) -> np.ndarray:
+    """All workgroups (None), ``n`` of them spread evenly over the dispatch order (int), or
+    the given ``[k, 3]`` workgroup ids."""
+    if workgroups is None:
+        return groups
+    if isinstance(workgroups, int | np.integer):
+        if workgroups < 1:
+            raise EmulatorFault("launch", f"workgroups={workgroups}: run at least one")
+        pick = np.unique(np.linspace(0, len(groups) - 1, min(workgroups, len(groups))).round()
+                         .astype(np.int64))
+        return groups[pick]
+    chosen = np.asarray(workgroups, np.int64).reshape(-1, 3)
+    return chosen
+
+
 def _batches(groups: np.ndarray, per_batch: int):
     for start in range(0, len(groups), per_batch):
         yield start, groups[start: start + per_batch]
 
 
 def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=None,
-               arch="gfx950", max_steps=5_000_000, checks=ALL_CHECKS) -> RunReport:
+               arch="gfx950", max_steps=5_000_000, checks=ALL_CHECKS,
+               workgroups=None) -> RunReport:
     """Execute ``kernel`` (its compiled ``code``) for a launch; see ``emulator.run``."""
     started = time.perf_counter()
     kernarg = np.frombuffer(bytes(kernarg), np.uint8)
@@ -317,6 +334,8 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
     # dispatch order: x fastest, then y, then z
     groups = np.array(list(itertools.product(range(grid[2]), range(grid[1]),
                                              range(grid[0]))), np.int64).reshape(-1, 3)[:, ::-1]
+    total_groups = len(groups)
+    groups = _sample(groups, workgroups)
     for inst in code:
         inst.count = 0
     kernarg_addr = _kernarg_address(memory, len(kernarg))
@@ -352,7 +371,8 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
             executed.append((inst.pc, inst.line, inst.text.strip(), inst.cls, inst.count))
     total = sum(by_class.values())
     return RunReport(
-        kernel=kernel.symbol, arch=arch, grid=grid, block=block, workgroups=len(groups),
+        kernel=kernel.symbol, arch=arch, grid=grid, block=block, workgroups=total_groups,
+        workgroups_run=len(groups),
         waves=waves_run, instructions=total, by_class=by_class,
         global_bytes_read=stats.get("global_read", 0),
         global_bytes_written=stats.get("global_written", 0),

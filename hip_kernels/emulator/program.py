@@ -73,17 +73,20 @@ _RUN_LOCK = threading.Lock()
 
 
 def run(kernel: Kernel, *, grid, block, dynamic_lds: int = 0, kernarg=b"", memory=None,
-        arch: str = "gfx950", max_steps: int = 5_000_000, checks=ALL_CHECKS):
+        arch: str = "gfx950", max_steps: int = 5_000_000, checks=ALL_CHECKS, workgroups=None):
     """Execute ``kernel`` for one launch and return its :class:`RunReport`.
 
     ``grid``: workgroups per dimension; ``block``: work-items per workgroup; ``kernarg``: the
     kernel-argument bytes (placed by the emulator in a read-only region); ``memory``: the
     :class:`Memory` holding every buffer the kernel may touch; ``arch``: "gfx950" or "gfx942";
     ``max_steps``: instruction issues before a ``step-budget`` fault; ``checks``: subset of
-    {"undefined", "waitcnt", "lds-race"} (out-of-bounds checks are always on).
+    {"undefined", "waitcnt", "lds-race"} (out-of-bounds checks are always on);
+    ``workgroups``: None (every workgroup), an int n (n workgroups spread over the grid: a
+    sample for profiling large launches; the other workgroups' outputs are not written) or a
+    ``[k, 3]`` array of workgroup ids.
     """
     code = kernel.code(arch)
     with _RUN_LOCK:
         return run_kernel(kernel.descriptor, code, grid=grid, block=block,
                           dynamic_lds=dynamic_lds, kernarg=kernarg, memory=memory, arch=arch,
-                          max_steps=max_steps, checks=checks)
+                          max_steps=max_steps, checks=checks, workgroups=workgroups)
