@@ -115,7 +115,7 @@ def profile(report) -> Profile:
     """The profile and MI355X estimate of one emulated launch."""
     scale = report.workgroups / max(report.workgroups_run, 1)
     waves_per_group = report.waves / max(report.workgroups_run, 1)
-    waves = int(round(report.workgroups * waves_per_group))
+    waves = round(report.workgroups * waves_per_group)
     per_wave = report.per_wave
     flops: dict[str, float] = {}
     valu_cycles = other_cycles = 0.0
