@@ -144,116 +144,121 @@ def _scale_reader(ctx, op):
     raise ctx.fail(f"scale operand {op.text!r}")
 
 
-def build_mfma(ctx, pi, name):
-    match = _NAME.match(name)
-    if not match:
-        raise ctx.fail(f"opcode {name!r} is not modelled")
-    scaled = bool(match.group(1))
-    m_dim, n_dim, k_dim = (int(match.group(i)) for i in (2, 3, 4))
-    kind = match.group(5)
-    mods = dict(pi.modifiers)
-    if m_dim != n_dim or m_dim not in (16, 32):
-        raise ctx.fail(f"{name}: only 16x16 and 32x32 single-block MFMAs are modelled")
+def _formats(ctx, name, kind, scaled, mods):
+    """((A format, bits), (B format, bits), f8f6f4?) from the opcode and cbsz/blgp."""
     if kind == "f8f6f4":
         a_code, b_code = int(mods.pop("cbsz", 0)), int(mods.pop("blgp", 0))
         if a_code not in F8F6F4 or b_code not in F8F6F4:
             raise ctx.fail(f"{name}: cbsz:{a_code} blgp:{b_code} (fp6 formats are not "
                            "modelled)")
-        (a_fmt, a_bits), (b_fmt, b_bits) = F8F6F4[a_code], F8F6F4[b_code]
-        f8f6f4 = True
-    elif kind in DENSE_TYPES and not scaled:
-        a_fmt, b_fmt, a_bits = DENSE_TYPES[kind]
-        b_bits = a_bits
-        f8f6f4 = False
+        return F8F6F4[a_code], F8F6F4[b_code], True
+    if kind in DENSE_TYPES and not scaled:
         for field in ("cbsz", "abid", "blgp"):
             if int(mods.pop(field, 0)):
                 raise ctx.fail(f"{name}: {field} broadcast controls are not modelled")
-    else:
-        raise ctx.fail(f"opcode {name!r} is not modelled")
-    op_sel = tuple(mods.pop("op_sel", ())) + tuple(mods.pop("op_sel_hi", ()))
-    if any(op_sel):
-        raise ctx.fail(f"{name}: op_sel/op_sel_hi scale-byte selects are not modelled")
-    mods.pop("abid", None)
-    if mods:
-        raise ctx.fail(f"{name}: modifier(s) {sorted(mods)} are not modelled")
-    ops = pi.operands
-    if len(ops) != (6 if scaled else 4):
-        raise ctx.fail(f"{name} takes {6 if scaled else 4} operands", "parse")
-    a = Operand(ctx, ops[1], m_dim, k_dim, a_fmt, a_bits, f8f6f4, transpose=False)
-    b = Operand(ctx, ops[2], n_dim, k_dim, b_fmt, b_bits, f8f6f4, transpose=True)
-    out_reg, out_lane = output_slot(m_dim)
-    nout = m_dim * n_dim // 64
-    if ops[0].kind not in ("v", "a") or ops[0].count != nout:
-        raise ctx.fail(f"{ops[0].text}: the result needs {nout} registers")
-    d = ctx.vreg(ops[0], nout)
-    c_op = ops[3]
-    if c_op.kind == "const":
-        c_const = np.float64(np.uint32(constant_bits(c_op, "f32")).view(np.float32))
-        c_reg = None
-    else:
-        if c_op.count != nout:
-            raise ctx.fail(f"{c_op.text}: C needs {nout} registers")
-        c_reg, c_const = ctx.vreg(c_op, nout), None
-    scales = [_scale_reader(ctx, op) for op in ops[4:6]] if scaled else []
-    blocks = k_dim // 32
-    inst = ctx.inst
+        a_fmt, b_fmt, bits = DENSE_TYPES[kind]
+        return (a_fmt, bits), (b_fmt, bits), False
+    raise ctx.fail(f"opcode {name!r} is not modelled")
 
-    def accumulator(m, w):
-        if c_reg is None:
-            return c_const
-        regs = np.stack([m.v[c_reg + r][w] for r in range(nout)], axis=1)  # [n, R, 64]
-        return regs[:, out_reg, out_lane].view(np.float32).astype(np.float64)
 
-    def run(m, w):
+class Mfma:
+    """One compiled MFMA: operand decoders, accumulator and result layout."""
+
+    def __init__(self, ctx, pi, name):
+        match = _NAME.match(name)
+        if not match:
+            raise ctx.fail(f"opcode {name!r} is not modelled")
+        self.scaled = bool(match.group(1))
+        m_dim, n_dim, k_dim = (int(match.group(i)) for i in (2, 3, 4))
+        if m_dim != n_dim or m_dim not in (16, 32):
+            raise ctx.fail(f"{name}: only 16x16 and 32x32 single-block MFMAs are modelled")
+        mods = dict(pi.modifiers)
+        (a_fmt, a_bits), (b_fmt, b_bits), f8f6f4 = _formats(ctx, name, match.group(5),
+                                                              self.scaled, mods)
+        if any(tuple(mods.pop("op_sel", ())) + tuple(mods.pop("op_sel_hi", ()))):
+            raise ctx.fail(f"{name}: op_sel/op_sel_hi scale-byte selects are not modelled")
+        mods.pop("abid", None)
+        if mods:
+            raise ctx.fail(f"{name}: modifier(s) {sorted(mods)} are not modelled")
+        ops = pi.operands
+        if len(ops) != (6 if self.scaled else 4):
+            raise ctx.fail(f"{name} takes {6 if self.scaled else 4} operands", "parse")
+        self.m_dim, self.n_dim, self.blocks = m_dim, n_dim, k_dim // 32
+        self.a = Operand(ctx, ops[1], m_dim, k_dim, a_fmt, a_bits, f8f6f4, transpose=False)
+        self.b = Operand(ctx, ops[2], n_dim, k_dim, b_fmt, b_bits, f8f6f4, transpose=True)
+        self.out_reg, self.out_lane = output_slot(m_dim)
+        self.nout = m_dim * n_dim // 64
+        if ops[0].kind not in ("v", "a") or ops[0].count != self.nout:
+            raise ctx.fail(f"{ops[0].text}: the result needs {self.nout} registers")
+        self.d = ctx.vreg(ops[0], self.nout)
+        self.c_reg, self.c_const = self._accumulator_operand(ctx, ops[3])
+        self.scales = [_scale_reader(ctx, op) for op in ops[4:6]] if self.scaled else []
+        self.block_lanes = np.arange(m_dim)[:, None] + m_dim * np.arange(self.blocks)[None, :]
+        self.inst = ctx.inst
+        self.sources = self.a.regs() | self.b.regs() | self._c_regs()
+        for _, regs in self.scales:
+            self.sources |= regs
+        self.scalar_sources = {o.index for o in ops[4:6] if o.kind == "s"}
+
+    def _accumulator_operand(self, ctx, c_op):
+        if c_op.kind == "const":
+            return None, np.float64(np.uint32(constant_bits(c_op, "f32")).view(np.float32))
+        if c_op.count != self.nout:
+            raise ctx.fail(f"{c_op.text}: C needs {self.nout} registers")
+        return ctx.vreg(c_op, self.nout), None
+
+    def _c_regs(self):
+        return set(range(self.c_reg, self.c_reg + self.nout)) if self.c_reg is not None \
+            else set()
+
+    def _accumulator(self, m, w):
+        if self.c_reg is None:
+            return self.c_const
+        regs = np.stack([m.v[self.c_reg + r][w] for r in range(self.nout)], axis=1)
+        return regs[:, self.out_reg, self.out_lane].view(np.float32).astype(np.float64)
+
+    def _product(self, m, w):
+        """float64 ``[n, M, N]``: A @ B, block-scaled for the scaled forms."""
+        av, bv = self.a.values(m, w), self.b.values(m, w)  # [n, M, K], [n, K, N]
+        if not self.scaled:
+            return np.matmul(av, bv)
+        sa = nx.e8m0_scale(self.scales[0][0](m, w)[:, self.block_lanes])  # [n, M, blocks]
+        sb = nx.e8m0_scale(self.scales[1][0](m, w)[:, self.block_lanes])  # [n, N, blocks]
+        ab = av.reshape(av.shape[0], self.m_dim, self.blocks, 32)
+        bb = bv.reshape(bv.shape[0], self.blocks, 32, self.n_dim)
+        partial = np.einsum("nmbk,nbkj->nmjb", ab, bb)
+        return np.einsum("nmjb,nmb,njb->nmj", partial, sa, sb)
+
+    def run(self, m, w):
         if not m.all_active(w):
-            raise m.fault("unsupported", "MFMA issued with a partial EXEC mask", inst, w)
-        av, bv = a.values(m, w), b.values(m, w)  # [n, M, K], [n, K, N]
+            raise m.fault("unsupported", "MFMA issued with a partial EXEC mask", self.inst, w)
         with np.errstate(all="ignore"):
-            if scaled:
-                sa_lanes, sb_lanes = scales[0][0](m, w), scales[1][0](m, w)
-                rows = np.arange(m_dim)[:, None] + m_dim * np.arange(blocks)[None, :]
-                sa = nx.e8m0_scale(sa_lanes[:, rows])  # [n, M, blocks]
-                sb = nx.e8m0_scale(sb_lanes[:, rows])  # [n, N, blocks]
-                ab = av.reshape(av.shape[0], m_dim, blocks, 32)
-                bb = bv.reshape(bv.shape[0], blocks, 32, n_dim)
-                partial = np.einsum("nmbk,nbkj->nmjb", ab, bb)
-                acc = np.einsum("nmjb,nmb,njb->nmj", partial, sa, sb)
-            else:
-                acc = np.matmul(av, bv)
-            res = (acc + accumulator(m, w)).astype(np.float32)
+            res = (self._product(m, w) + self._accumulator(m, w)).astype(np.float32)
         bits = res.view(U32)
-        out = np.empty((bits.shape[0], nout, 64), U32)
-        out[:, out_reg, out_lane] = bits
-        for r in range(nout):
-            m.write_v(w, d + r, out[:, r])
-        if m.check_undefined:
-            _propagate(m, w)
+        out = np.empty((bits.shape[0], self.nout, 64), U32)
+        out[:, self.out_reg, self.out_lane] = bits
+        for r in range(self.nout):
+            m.write_v(w, self.d + r, out[:, r])
+        if m.check_undefined and not self.sources.isdisjoint(m.v_undef):
+            self._propagate(m, w)
 
-    def _propagate(m, w):
-        srcs = a.regs() | b.regs() | (set(range(c_reg, c_reg + nout)) if c_reg is not None
-                                      else set())
-        for _, scale_regs in scales:
-            srcs |= scale_regs
-        if srcs.isdisjoint(m.v_undef):
-            return
-        ok = a.defined_rows(m, w)[:, :, None] & b.defined_rows(m, w)[:, None, :]
-        if c_reg is not None:
-            dc = np.stack([m.vdef[c_reg + r][w] for r in range(nout)], axis=1)
-            ok &= dc[:, out_reg, out_lane]
-        block_lanes = np.arange(m_dim)[:, None] + m_dim * np.arange(blocks)[None, :]
-        for side, (_, scale_regs) in enumerate(scales):
+    def _propagate(self, m, w):
+        """D[i][j] is defined iff A's row i, B's column j, C[i][j] and their scales are."""
+        ok = self.a.defined_rows(m, w)[:, :, None] & self.b.defined_rows(m, w)[:, None, :]
+        if self.c_reg is not None:
+            dc = np.stack([m.vdef[self.c_reg + r][w] for r in range(self.nout)], axis=1)
+            ok &= dc[:, self.out_reg, self.out_lane]
+        for side, (_, scale_regs) in enumerate(self.scales):
             for r in scale_regs:
-                per = m.vdef[r][w][:, block_lanes].all(axis=2)  # [n, M]
+                per = m.vdef[r][w][:, self.block_lanes].all(axis=2)  # [n, M]
                 ok &= per[:, :, None] if side == 0 else per[:, None, :]
-        full = np.empty((ok.shape[0], nout, 64), bool)
-        full[:, out_reg, out_lane] = ok
-        for r in range(nout):
-            m.write_v_def(w, d + r, full[:, r])
+        full = np.empty((ok.shape[0], self.nout, 64), bool)
+        full[:, self.out_reg, self.out_lane] = ok
+        for r in range(self.nout):
+            m.write_v_def(w, self.d + r, full[:, r])
 
-    srcs = a.regs() | b.regs() | (set(range(c_reg, c_reg + nout)) if c_reg is not None else
-                                  set())
-    for s in scales:
-        srcs |= s[1]
-    ssrc = {o.index for o in ops[4:6] if o.kind == "s"} if scaled else set()
-    return run, dict(vsrc=srcs, ssrc=ssrc, vdst=set(range(d, d + nout)), sdst=set(),
-                     self_defining=True)
+
+def build_mfma(ctx, pi, name):
+    op = Mfma(ctx, pi, name)
+    return op.run, dict(vsrc=op.sources, ssrc=op.scalar_sources,
+                        vdst=set(range(op.d, op.d + op.nout)), sdst=set(), self_defining=True)
