@@ -1,0 +1,82 @@
+"""The dynamic profile and the MI355X estimate of ``hip_kernels.emulator.profile``, on a
+snippet whose instruction mix, bytes and FLOPs are known exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from snippets import run_snippet
+
+from hip_kernels.emulator import format_profiles, profile
+from hip_kernels.emulator import profiling as P
+
+BODY = """
+    v_add_u32_e32 v10, v2, v2
+    v_add_u32_e32 v10, v10, v2
+    v_exp_f32_e32 v11, v2
+    s_add_u32 s20, s20, 1
+    v_mov_b32_e32 v30, 0
+    v_mov_b32_e32 v31, 0
+    v_mov_b32_e32 v32, 0
+    v_mov_b32_e32 v33, 0
+    v_mfma_f32_16x16x16_f16 v[40:43], v[30:31], v[32:33], 0
+    s_nop 7
+    s_nop 3
+"""
+
+
+def test_counts_bytes_flops_and_estimate():
+    """8 waves of one workgroup each. Per wave: the harness's 5 + 2 SALU, 3 global loads...
+    counted from the snippet kernel's text."""
+    lanes = np.arange(8 * 64, dtype=np.uint32)
+    _, report = run_snippet(BODY, [lanes], ["v10"], report=True)
+    prof = profile(report)
+    assert prof.waves == 8 and not prof.sampled
+    # body: 2 + 1 + 4 VALU, 1 SALU, 1 MFMA, 2 nops; harness: v_lshl_add, v_lshlrev (VALU),
+    # s_add/s_addc per plane (1 in, 1 out), 2 s_load, 2 waits, 1 load, 1 store, s_endpgm.
+    assert prof.per_wave["valu"] == 9 and prof.per_wave["mfma"] == 1
+    assert prof.per_wave["salu"] == 5 and prof.per_wave["smem"] == 2
+    assert prof.per_wave["global_load"] == 1 and prof.per_wave["global_store"] == 1
+    assert prof.per_wave["nop"] == 2 and prof.per_wave["end"] == 1
+    assert prof.global_bytes_read == 8 * 64 * 4 and prof.global_bytes_written == 8 * 64 * 4
+    assert prof.mfma_flops == {"f16": 8 * 2 * 16 * 16 * 16}
+    est = prof.estimate
+    cycles = (8 * 2 * 16 * 16 * 16 / 1024 + 8 * (8 * P.VALU_CYCLES + P.TRANSCENDENTAL_CYCLES)
+              + 8 * (5 + 2 + 2 + 2 + 1 + 1 + 1)) / 8
+    assert est.compute == pytest.approx(cycles / P.CLOCK_HZ)
+    bytes_ = 2 * 8 * 64 * 4
+    assert est.memory == pytest.approx(max(bytes_ / P.HBM_BYTES_PER_S, bytes_ / (
+        8 * P.CU_MEMORY_BYTES_PER_CYCLE * P.CLOCK_HZ)))
+    assert est.latency == pytest.approx(P.WAIT_LATENCY)  # one vmcnt(0) per wave
+    assert est.seconds == max(est.memory, est.compute, est.lds, est.latency)
+    assert "MI355X est. us" in format_profiles([prof])
+
+
+def test_sampled_launch_scales_to_the_grid():
+    """Running 2 of 8 workgroups gives the same per-wave counts and 4x the bytes."""
+    from snippets import IN_BASE, OUT_BASE, kernel_text
+
+    from hip_kernels.emulator import Memory, Program, run
+
+    text = kernel_text(BODY, 1, ["v10"], arch="gfx950", vgprs=64)
+    kernel = Program.from_asm(text).kernel("snippet")
+    full = sampled = None
+    for workgroups in (None, 2):
+        data = np.zeros(8 * 64, np.uint32)
+        out = np.zeros(8 * 64, np.uint32)
+        memory = Memory()
+        memory.map(IN_BASE, data.view(np.uint8), writable=False, name="in")
+        memory.map(OUT_BASE, out.view(np.uint8), writable=True, name="out")
+        kernarg = (IN_BASE.to_bytes(8, "little") + OUT_BASE.to_bytes(8, "little")
+                   + (8 * 64 * 4).to_bytes(4, "little") + bytes(4))
+        report = run(kernel, grid=(8, 1, 1), block=(64, 1, 1), kernarg=kernarg,
+                     memory=memory, workgroups=workgroups)
+        if workgroups is None:
+            full = profile(report)
+        else:
+            sampled = profile(report)
+            assert report.workgroups_run == 2 and out[64:448].sum() == 0
+    assert sampled.sampled and sampled.waves == full.waves
+    assert sampled.per_wave == full.per_wave
+    assert sampled.global_bytes_read == full.global_bytes_read
+    assert sampled.estimate.seconds == pytest.approx(full.estimate.seconds)

@@ -1,0 +1,165 @@
+"""The Triton launches of one public operation on ROCm, captured from the real lowering and
+replayed in the emulator.
+
+:func:`capture` lowers ``fn(*args)`` for the ROCm platform with ``JAX_MXFP4_GPU_ARCH`` set
+(gfx942, or gfx950 with ``JAX_MXFP4_GFX950_KERNELS=triton``), recording every launcher call
+the lowering emits: the compiled kernel (and its ``amdgcn`` text, compiled here from the same
+Triton spec), grid, block, dynamic LDS bytes and parameters, and where each operand comes from
+(an argument of the operation, in order, or a result of an earlier launch). :func:`replay`
+runs those launches on numpy buffers, packing each kernel's arguments at the offsets of its
+own metadata, and returns the operation's outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+import numpy as np
+from harness import Launch, garbage_like
+
+from hip_kernels.emulator import Program, run
+
+
+@dataclasses.dataclass
+class Captured:
+    launch: object  # jax_mxfp4.gpu.launch.Launch
+    amdgcn: str
+    sources: list  # per operand: ("arg", i) or ("result", call, j)
+    result_avals: list
+    aliases: dict
+
+
+@contextlib.contextmanager
+def _rocm_lowering(monkeypatch, arch: str):
+    from jax_mxfp4.gpu import compiler, lowering
+
+    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", arch)
+    monkeypatch.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
+    lowering.target_for.cache_clear()
+    monkeypatch.setattr(lowering, "available", lambda: True)
+    texts = {}
+    original = compiler.compile_kernel
+
+    def compile_and_keep_text(spec, target):
+        compiled = original(spec, target)
+        if compiled.code_hash not in texts:
+            texts[compiled.code_hash] = _amdgcn(spec, target)
+        return compiled
+
+    monkeypatch.setattr(compiler, "compile_kernel", compile_and_keep_text)
+    try:
+        yield texts
+    finally:
+        lowering.target_for.cache_clear()
+
+
+def _amdgcn(spec, target) -> str:
+    """The amdgcn text of a Triton spec, compiled as ``compiler._triton_compile`` does."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from jax_mxfp4.gpu import compiler
+
+    source = ASTSource(spec.fn, signature=dict(spec.signature),
+                       constexprs=dict(spec.constants), attrs=compiler._divisibility_attrs(spec))
+    kernel = triton.compile(source, target=GPUTarget(target.backend, target.arch,
+                                                     target.warp_size),
+                            options={"num_warps": spec.num_warps,
+                                     "num_stages": spec.num_stages})
+    return kernel.asm["amdgcn"]
+
+
+def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
+    """The launches ``fn(*args)`` lowers to on ROCm ``arch``, in order."""
+    from jax_mxfp4.gpu import launch as L
+
+    calls: list[Captured] = []
+    produced: list[tuple[object, int, int]] = []  # (ir value, call, result index)
+    next_arg = [0]
+    original = L.emit
+
+    def recording_emit(ctx, launch, operands, operand_avals, result_avals, aliases=None):
+        results = original(ctx, launch, operands, operand_avals, result_avals, aliases)
+        sources = []
+        for value in operands:
+            hit = next(((c, j) for v, c, j in produced if v == value), None)
+            if hit is not None:
+                sources.append(("result", *hit))
+            else:
+                sources.append(("arg", next_arg[0]))
+                next_arg[0] += 1
+        for j, value in enumerate(results):
+            produced.append((value, len(calls), j))
+        calls.append(Captured(launch, "", sources, list(result_avals), dict(aliases or {})))
+        return results
+
+    with _rocm_lowering(monkeypatch, arch) as texts:
+        monkeypatch.setattr(L, "emit", recording_emit)
+        checks = [jax.export.DisabledSafetyCheck.custom_call(L.TARGET)]
+        jax.export.export(jax.jit(fn), platforms=["rocm"], disabled_checks=checks)(*args)
+    for call in calls:
+        call.amdgcn = texts[call.launch.kernel.code_hash]
+    return calls
+
+
+def _pack_params(kernel, launch, addresses) -> bytes:
+    """Kernarg bytes: parameter i at the offset of the kernel's metadata argument i."""
+    from jax_mxfp4.gpu import launch as L
+
+    args = kernel.args
+    if len(args) != len(launch.params):
+        raise AssertionError(f"{kernel.symbol}: {len(args)} metadata arguments, "
+                             f"{len(launch.params)} launch parameters")
+    out = bytearray(kernel.kernarg_size)
+    for arg, param in zip(args, launch.params, strict=True):
+        if param.kind == L.BUFFER:
+            value = addresses[param.value].to_bytes(8, "little")
+        elif param.kind == L.NULL:
+            value = bytes(8)
+        elif param.kind == L.I64:
+            value = int(param.value).to_bytes(8, "little", signed=True)
+        else:  # I32 (as a signed int) and F32 (as its bits)
+            value = (int(param.value) & 0xFFFFFFFF).to_bytes(4, "little")
+        out[arg.offset: arg.offset + len(value)] = value[: arg.size]
+    return bytes(out)
+
+
+def replay(calls: list[Captured], args, arch: str, reports=None) -> list[np.ndarray]:
+    """Run the captured launches on ``args`` (numpy, in the operation's order); the last
+    launch's results (an aliased operand when the result aliases it)."""
+    results: list[list[np.ndarray]] = []
+    for call in calls:
+        launch = Launch()
+        operands = []
+        for source in call.sources:
+            array = np.ascontiguousarray(args[source[1]] if source[0] == "arg" else
+                                         results[source[1]][source[2]])
+            operands.append(array)
+        outs = []
+        for j, aval in enumerate(call.result_avals):
+            alias = next((i for i, r in call.aliases.items() if r == j), None)
+            if alias is not None:
+                operands[alias] = operands[alias].copy()
+                outs.append(operands[alias])
+            else:
+                outs.append(garbage_like(aval.shape, np.dtype(aval.dtype)))
+        written = {id(a) for a in outs}
+        mapped: dict[int, int] = {}
+        addresses = []
+        for i, array in enumerate(operands + outs):  # buffer indices: operands, then results
+            if id(array) not in mapped:
+                mapped[id(array)] = launch.buffer(array, writable=id(array) in written,
+                                                  name=f"buffer{i}")
+            addresses.append(mapped[id(array)])
+        kernel = Program.from_asm(call.amdgcn).kernel(call.launch.kernel.symbol)
+        compiled = call.launch.kernel
+        report = run(kernel, grid=call.launch.grid, block=compiled.block,
+                     dynamic_lds=compiled.shared_mem, kernarg=_pack_params(
+                         kernel, call.launch, addresses), memory=launch.memory, arch=arch)
+        if reports is not None:
+            reports.append(report)
+        results.append(outs)
+    return results[-1]
