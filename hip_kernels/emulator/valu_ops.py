@@ -64,6 +64,26 @@ def fmax3(a, b, c):
     return fmax(fmax(a, b), c)
 
 
+def fmaximum(a, b):
+    """IEEE 754-2019 ``maximum`` (V_MAXIMUM3_F32, gfx950): a NaN input gives a quiet NaN, then
+    the larger, ``+0 > -0``. LLVM lowers ``llvm.maximum.f32`` to ``v_maximum3_f32`` on gfx950
+    ([S]: LLVM's AMDGPU instruction selection; the CDNA4 guide's entry states no NaN payload,
+    so the canonical quiet NaN is returned)."""
+    return _minimum_maximum(a, b, True)
+
+
+def fminimum(a, b):
+    return _minimum_maximum(a, b, False)
+
+
+def _minimum_maximum(a, b, is_max):
+    a = np.asarray(a, np.float32)
+    b = np.asarray(b, np.float32)
+    nan = nx.is_nan_bits(a.view(U32)) | nx.is_nan_bits(b.view(U32))
+    ordered = _minmax(a, b, is_max).view(U32)
+    return np.where(nan, U32(0x7FC00000), ordered).view(np.float32)
+
+
 def fmin3(a, b, c):
     return fmin(fmin(a, b), c)
 
@@ -201,6 +221,8 @@ OPS = {
     "v_max3_f32": ("f32", ("f32", "f32", "f32"), fmax3),
     "v_min3_f32": ("f32", ("f32", "f32", "f32"), fmin3),
     "v_med3_f32": ("f32", ("f32", "f32", "f32"), fmed3),
+    "v_maximum3_f32": ("f32", ("f32",) * 3, lambda a, b, c: fmaximum(fmaximum(a, b), c)),
+    "v_minimum3_f32": ("f32", ("f32",) * 3, lambda a, b, c: fminimum(fminimum(a, b), c)),
     "v_fma_f32": ("f32", ("f32", "f32", "f32"), nx.fma_f32),
     "v_mad_f32": ("f32", ("f32", "f32", "f32"), _f32(lambda a, b, c: a * b + c)),
     "v_exp_f32": ("f32", ("f32",), nx.exp2_f32),

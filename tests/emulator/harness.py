@@ -8,9 +8,8 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-
-from hip_kernels import abi
-from hip_kernels.emulator import Memory, Program, run
+from jax_mxfp4.hip_kernels import abi
+from jax_mxfp4.hip_kernels.emulator import Memory, Program, run
 
 BASE_ADDRESS = 0x7F00_0000_0000
 ALIGN = 1 << 12
@@ -58,7 +57,7 @@ class Launch:
 
 
 def flydsl_slots(op: str):
-    slots, _ = abi.kernarg_layout(abi.ARGS[op])
+    slots, _ = abi.kernarg_layout(abi.args(op))
     return [(s.name, s.kind, s.offset, s.size) for s in slots]
 
 

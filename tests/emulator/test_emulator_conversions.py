@@ -225,3 +225,27 @@ def test_transcendentals_are_correctly_rounded(rng):
         denormal = (np.abs(as_f32(x)) < 2.0**-126) & (as_f32(x) != 0)
         want_log = np.where(denormal, -np.inf, np.log2(xs)).astype(np.float32)
         assert same_bits_or_both_nan(as_f32(log2), want_log).all()
+
+
+def test_maximum3_and_minimum3_propagate_nan():
+    """v_maximum3_f32 / v_minimum3_f32 (IEEE 754-2019 maximum / minimum, what LLVM lowers
+    ``llvm.maximum`` to on gfx950; the FlyDSL kernels' NaN-keeping max): any NaN input gives
+    NaN; else the max / min with ``+0 > -0``. (Mutation: taking v_max3_f32's rule, which
+    ignores a quiet NaN, fails here.)"""
+    nan, inf = np.float32(np.nan), np.float32(np.inf)
+    a = np.array([1, nan, 3, -0.0, 0.0, -inf, 2, 5], np.float32)
+    b = np.array([2, 1, nan, 0.0, -0.0, -inf, 2, -7], np.float32)
+    c = np.array([0, 0, 0, -0.0, -0.0, nan, 1, inf], np.float32)
+    got_max, got_min = run_snippet("v_maximum3_f32 v10, v2, v3, v4\nv_minimum3_f32 v11, v2, v3, v4",
+                                   [a.view(np.uint32), b.view(np.uint32), c.view(np.uint32)],
+                                   ["v10", "v11"])
+    got_max, got_min = got_max[:8].view(np.float32), got_min[:8].view(np.float32)
+    nan_in = np.isnan(a) | np.isnan(b) | np.isnan(c)
+    assert (np.isnan(got_max) == nan_in).all() and (np.isnan(got_min) == nan_in).all()
+    ok = ~nan_in
+    want_max = np.maximum(np.maximum(a, b), c)[ok]
+    want_min = np.minimum(np.minimum(a, b), c)[ok]
+    np.testing.assert_array_equal(got_max[ok], want_max)
+    np.testing.assert_array_equal(got_min[ok], want_min)
+    signs = np.signbit(got_max[ok]), np.signbit(got_min[ok])
+    assert not signs[0][2] and signs[1][2]  # rows 3 and 4: max +0, min -0

@@ -29,9 +29,9 @@ from conftest import (
     prefill_index_case,
 )
 from harness import Launch, garbage_like, run_flydsl
+from jax_mxfp4.hip_kernels import abi
 
-from hip_kernels import abi
-from jax_mxfp4.reference._common import folded_score_scale
+from jax_mxfp4.scaling import folded_score_scale
 
 INDEX_SPECS = [s for s in abi.minimax_specializations() if s.op == "index_scores"]
 

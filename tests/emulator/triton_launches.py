@@ -1,13 +1,13 @@
 """The Triton launches of one public operation on ROCm, captured from the real lowering and
 replayed in the emulator.
 
-:func:`capture` lowers ``fn(*args)`` for the ROCm platform with ``JAX_MXFP4_GPU_ARCH`` set
-(gfx942, or gfx950 with ``JAX_MXFP4_GFX950_KERNELS=triton``), recording every launcher call
-the lowering emits: the compiled kernel (and its ``amdgcn`` text, compiled here from the same
-Triton spec), grid, block, dynamic LDS bytes and parameters, and where each operand comes from
-(an argument of the operation, in order, or a result of an earlier launch). :func:`replay`
-runs those launches on numpy buffers, packing each kernel's arguments at the offsets of its
-own metadata, and returns the operation's outputs.
+:func:`capture` lowers ``fn(*args)`` for the ROCm platform under
+``jm.lowering_options(gpu_arch=...)`` (gfx942, or gfx950 with ``gfx950_kernels="triton"``),
+recording every launcher call the lowering emits: the compiled kernel (and its ``amdgcn``
+text, which the compile keeps), grid, block, dynamic LDS bytes and parameters, and where each
+operand comes from (an argument of the operation, in order, or a result of an earlier
+launch). :func:`replay` runs those launches on numpy buffers, packing each kernel's arguments
+at the offsets of its own metadata, and returns the operation's outputs.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import dataclasses
 import jax
 import numpy as np
 from harness import Launch, garbage_like
-
-from hip_kernels.emulator import Program, run
+from jax_mxfp4.hip_kernels.emulator import Program, run
 
 
 @dataclasses.dataclass
@@ -32,44 +31,12 @@ class Captured:
 
 
 @contextlib.contextmanager
-def _rocm_lowering(monkeypatch, arch: str):
-    from jax_mxfp4.gpu import compiler, lowering
+def _rocm_lowering(arch: str):
+    """Lower for ROCm ``arch`` with the Triton kernels (on gfx950 too)."""
+    import jax_mxfp4 as jm
 
-    monkeypatch.setenv("JAX_MXFP4_GPU_ARCH", arch)
-    monkeypatch.setenv("JAX_MXFP4_GFX950_KERNELS", "triton")
-    lowering.target_for.cache_clear()
-    monkeypatch.setattr(lowering, "available", lambda: True)
-    texts = {}
-    original = compiler.compile_kernel
-
-    def compile_and_keep_text(spec, target):
-        compiled = original(spec, target)
-        if compiled.code_hash not in texts:
-            texts[compiled.code_hash] = _amdgcn(spec, target)
-        return compiled
-
-    monkeypatch.setattr(compiler, "compile_kernel", compile_and_keep_text)
-    try:
-        yield texts
-    finally:
-        lowering.target_for.cache_clear()
-
-
-def _amdgcn(spec, target) -> str:
-    """The amdgcn text of a Triton spec, compiled as ``compiler._triton_compile`` does."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from jax_mxfp4.gpu import compiler
-
-    source = ASTSource(spec.fn, signature=dict(spec.signature),
-                       constexprs=dict(spec.constants), attrs=compiler._divisibility_attrs(spec))
-    kernel = triton.compile(source, target=GPUTarget(target.backend, target.arch,
-                                                     target.warp_size),
-                            options={"num_warps": spec.num_warps,
-                                     "num_stages": spec.num_stages})
-    return kernel.asm["amdgcn"]
+    with jm.lowering_options(gpu_arch=arch, gfx950_kernels="triton"):
+        yield
 
 
 def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
@@ -96,12 +63,12 @@ def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
         calls.append(Captured(launch, "", sources, list(result_avals), dict(aliases or {})))
         return results
 
-    with _rocm_lowering(monkeypatch, arch) as texts:
+    with _rocm_lowering(arch):
         monkeypatch.setattr(L, "emit", recording_emit)
         checks = [jax.export.DisabledSafetyCheck.custom_call(L.TARGET)]
         jax.export.export(jax.jit(fn), platforms=["rocm"], disabled_checks=checks)(*args)
     for call in calls:
-        call.amdgcn = texts[call.launch.kernel.code_hash]
+        call.amdgcn = call.launch.kernel.isa  # the compile's own amdgcn text
     return calls
 
 
