@@ -3,7 +3,7 @@
 Partition ``p`` of row ``r`` left ``m_p`` (its base-2 row max), ``l_p`` (its row sum) and
 ``o_p = O_p / l_p`` rounded to bf16 (SPEC §7). The merge takes
 ``M = max_p m_p``, ``w_p = 2**(m_p - M) * l_p`` (0 for an empty partition) and writes
-``out = bf16(sum_p w_p o_p / sum_p w_p)`` (zeros when every partition is empty; NaN when a
+``out = bf16(sum_p (w_p / sum_q w_q) o_p)`` (zeros when every partition is empty; NaN when a
 partition's ``m_p`` is NaN: a poisoned q head, SPEC §15.18), or its MXFP8
 quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16 block amax and
 ``e4m3(x * 2**(127 - sb))``.
@@ -89,19 +89,25 @@ def _body(spec: Specialization, a) -> None:
         top, poisoned = I.loop(I.ci32(0), a.num_partitions,
                                [I.cf32(I.NEG_INF), I.cf32(0.0)], find_max)
 
-        def accumulate(p, carried):
+        def weight_of(p):
             m, total = _stats(a, r, p, head, spec.group)
-            weight = I.select(I.fgt(total, I.cf32(0.0)), I.fmul(I.exp2(I.fsub(m, top)), total),
-                              I.cf32(0.0))
-            values = _partial_values(a, r, p, head, block, spec.group)
-            acc = [I.fadd(x, I.fmul(weight, v)) for x, v in zip(carried[1:], values, strict=True)]
-            return [I.fadd(carried[0], weight), *acc]
+            return I.select(I.fgt(total, I.cf32(0.0)), I.fmul(I.exp2(I.fsub(m, top)), total),
+                            I.cf32(0.0))
 
-        init = [I.cf32(0.0)] * 33
-        total, *acc = I.loop(I.ci32(0), a.num_partitions, init, accumulate)
+        (total,) = I.loop(I.ci32(0), a.num_partitions, [I.cf32(0.0)],
+                          lambda p, carried: [I.fadd(carried[0], weight_of(p))])
+        # Weights normalized before the sum (as the Triton reduce kernel does): w_p * o_p
+        # with l_p up to the page count would overflow fp32 for partials near bf16's max.
         nonzero = I.fgt(total, I.cf32(0.0))
-        safe = I.select(nonzero, total, I.cf32(1.0))
-        values = [I.select(nonzero, I.fdiv(x, safe), I.cf32(0.0)) for x in acc]
+        inverse = I.select(nonzero, I.fdiv(I.cf32(1.0), I.select(nonzero, total, I.cf32(1.0))),
+                           I.cf32(0.0))
+
+        def accumulate(p, carried):
+            weight = I.fmul(weight_of(p), inverse)
+            values = _partial_values(a, r, p, head, block, spec.group)
+            return [I.fadd(x, I.fmul(weight, v)) for x, v in zip(carried, values, strict=True)]
+
+        values = I.loop(I.ci32(0), a.num_partitions, [I.cf32(0.0)] * 32, accumulate)
         nan = I.fgt(poisoned, I.cf32(0.0))
         values = [I.select(nan, I.cf32(float("nan")), v) for v in values]
         row_head = I.add(I.mul(r, I.ci32(spec.group)), head)

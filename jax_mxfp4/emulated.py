@@ -119,7 +119,7 @@ def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers
                        name=f"buffer {index}")
     kernarg = kernarg_bytes(info.args, info.kernarg_size, grid, block, params)
     emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
-                 kernarg=kernarg, memory=memory, arch=kernel.arch)
+                 kernarg=kernarg, memory=memory, arch=kernel.program.arch)
 
 
 __all__ = ["EMULATED", "emulate", "install", "kernarg_bytes"]

@@ -61,6 +61,15 @@ class Program:
                 _CACHE[key] = program
         return program
 
+    @property
+    def arch(self) -> str:
+        """The processor the text was assembled for (``gfx950`` of ``.amdgcn_target
+        "amdgcn-amd-amdhsa--gfx950"``; features after a ``:`` dropped)."""
+        target = self.parsed.target
+        if not target:
+            raise EmulatorFault("launch", "the assembly names no .amdgcn_target")
+        return target.rsplit("-", 1)[-1].split(":", 1)[0]
+
     def kernel(self, symbol: str) -> Kernel:
         symbol = symbol.removesuffix(".kd")
         if symbol not in self.kernels:

@@ -363,11 +363,36 @@ FLOAT_CMP = {"f": INT_CMP["f"], "t": INT_CMP["t"], "tru": INT_CMP["t"], "lt": np
              "nlt": lambda a, b: ~(a < b)}
 
 
+def f32_class_in(x, mask):
+    """V_CMP_CLASS_F32: whether fp32 ``x``'s class is among the ``mask`` bits (CDNA4 ISA:
+    bit 0 signaling NaN, 1 quiet NaN, 2 -inf, 3 -normal, 4 -denormal, 5 -0, 6 +0, 7 +denormal,
+    8 +normal, 9 +inf)."""
+    bits = np.asarray(x, np.float32).view(U32)
+    mask = np.asarray(mask, U32)
+    negative = (bits >> U32(31)) == 1
+    magnitude = bits & U32(0x7FFFFFFF)
+    nan = magnitude > U32(0x7F800000)
+    quiet = nan & ((bits & U32(0x400000)) != 0)
+    inf = magnitude == U32(0x7F800000)
+    zero = magnitude == 0
+    denormal = (magnitude < U32(0x800000)) & ~zero
+    normal = ~(nan | inf | zero | denormal)
+    classes = (nan & ~quiet, quiet, negative & inf, negative & normal, negative & denormal,
+               negative & zero, ~negative & zero, ~negative & denormal, ~negative & normal,
+               ~negative & inf)
+    hit = np.zeros(np.broadcast(bits, mask).shape, bool)
+    for bit, members in enumerate(classes):
+        hit |= members & (((mask >> U32(bit)) & U32(1)) == 1)
+    return hit
+
+
 def build_vopc(ctx: Context, pi, base: str, enc: str):
     parts = base.split("_")  # v_cmp[x]_<op>_<type>
     cmpx = parts[1] == "cmpx"
     op_name, t = parts[2], parts[3]
     table = FLOAT_CMP if t[0] == "f" else INT_CMP
+    if op_name == "class" and t == "f32":
+        table = {"class": f32_class_in}
     if op_name not in table:
         raise ctx.fail(f"compare {op_name!r} on {t}")
     cmp = table[op_name]
@@ -381,7 +406,8 @@ def build_vopc(ctx: Context, pi, base: str, enc: str):
         raise ctx.fail(f"{pi.mnemonic}: expected dst, src0, src1", "parse")
     if dst.kind != "s" or dst.count != 2:
         raise ctx.fail(f"compare destination {dst.text!r}")
-    readers = [make_source(ctx, op, t, enc, mods, i) for i, op in enumerate(srcs)]
+    types = (t, "u32") if op_name == "class" else (t, t)  # a class mask is an integer
+    readers = [make_source(ctx, op, types[i], enc, mods, i) for i, op in enumerate(srcs)]
     r0, r1 = readers
     d = dst.index
     counts = [2 if t in WIDE else 1] * 2

@@ -54,6 +54,11 @@ def build_pk_f32(ctx, pi, base, enc):
     if len(ops) != n + 1:
         raise ctx.fail(f"{base} takes {n + 1} operands", "parse")
     lo_sel, hi_sel = _sel(mods, "op_sel", n, 0), _sel(mods, "op_sel_hi", n, 1)
+    if fn is None:
+        # v_pk_mov_b32: D.lo = S0's dword op_sel[0], D.hi = S1's dword op_sel[1]; op_sel_hi
+        # plays no part (LLVM's SIInstrInfo::copyPhysReg copies a pair as op_sel:[0,1] and
+        # swaps its halves as op_sel:[1,0], both with op_sel_hi [1,1]).
+        hi_sel = (lo_sel[1], lo_sel[1])
     neg_lo, neg_hi = _sel(mods, "neg_lo", n, 0), _sel(mods, "neg_hi", n, 0)
     readers = []
     for i, op in enumerate(ops[1:]):
@@ -91,13 +96,17 @@ def build_pk_f32(ctx, pi, base, enc):
     # The registers each result half reads: source i's dword op_sel[i] (low result) and
     # op_sel_hi[i] (high result); a pair read only through its low dword reads one register.
     lo_regs, hi_regs, s_regs = set(), set(), set()
+    feeds = ((True, False), (False, True)) if fn is None else ((True, True),) * n
     for i, op in enumerate(ops[1:]):
+        dwords = [s for s, used in zip((lo_sel[i], hi_sel[i]), feeds[i], strict=True) if used]
         if op.kind in ("v", "a"):
             base = ctx.vreg(op, 2)
-            lo_regs.add(base + lo_sel[i])
-            hi_regs.add(base + hi_sel[i])
+            if feeds[i][0]:
+                lo_regs.add(base + lo_sel[i])
+            if feeds[i][1]:
+                hi_regs.add(base + hi_sel[i])
         elif op.kind == "s":
-            s_regs.update((op.index + lo_sel[i], op.index + hi_sel[i]))
+            s_regs.update(op.index + s for s in dwords)
 
     def defined(m, w, run_):
         d_lo = lane_defined(m, w, lo_regs, s_regs)

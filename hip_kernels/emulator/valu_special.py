@@ -36,14 +36,22 @@ def _write_mask(m, w, r, mask):
     m.write_s(w, r + 1, hi)
 
 
+def _cndmask_source(ctx, op, enc, mods, index):
+    """A v_cndmask_b32 source as raw bits; ``|x|`` / ``-x`` (VOP3) act on the fp32 sign bit
+    (CDNA4 ISA: floating-point modifiers are valid when the sources are fp32 values)."""
+    if not (op.neg or op.abs):
+        return make_source(ctx, op, "b32", enc, mods, index)
+    typed = make_source(ctx, op, "f32", enc, mods, index)
+    return lambda m, w: np.asarray(typed(m, w), np.float32).view(np.uint32)
+
+
 def build_cndmask(ctx, pi, base, enc):
     mods = dict(pi.modifiers)
     check_modifiers(ctx, enc, mods)
     ops = pi.operands
     if len(ops) != 4:
         raise ctx.fail("v_cndmask_b32 takes dst, src0, src1, condition", "parse")
-    r0 = make_source(ctx, ops[1], "b32", enc, mods, 0)
-    r1 = make_source(ctx, ops[2], "b32", enc, mods, 1)
+    r0, r1 = (_cndmask_source(ctx, ops[i + 1], enc, mods, i) for i in (0, 1))
     cond, cond_regs = _mask_reader(ctx, ops[3])
     post = make_post(ctx, "b32", mods, enc, base)
     write, dst = make_dest(ctx, ops[0], "b32", enc, mods)

@@ -249,3 +249,53 @@ def test_maximum3_and_minimum3_propagate_nan():
     np.testing.assert_array_equal(got_min[ok], want_min)
     signs = np.signbit(got_max[ok]), np.signbit(got_min[ok])
     assert not signs[0][2] and signs[1][2]  # rows 3 and 4: max +0, min -0
+
+
+def test_pk_mov_b32_takes_each_half_from_op_sel():
+    """v_pk_mov_b32 vD[0:1], vA[0:1], vB[0:1] op_sel:[x,y]: D.lo = A's dword x, D.hi = B's dword
+    y; op_sel_hi plays no part (LLVM copies a pair as op_sel:[0,1] and swaps its halves as
+    op_sel:[1,0]). (Mutation: taking D.hi from B's dword op_sel_hi[1], the rule of the other
+    v_pk_*_f32, fails the swap rows; that bug poisoned the FlyDSL index scorer's NaN flags.)"""
+    a0, a1, b0, b1 = (np.arange(8, dtype=np.uint32) + 100 * k for k in range(1, 5))
+    outs = run_snippet("""
+        v_pk_mov_b32 v[10:11], v[2:3], v[4:5] op_sel:[1,0]
+        v_pk_mov_b32 v[12:13], v[2:3], v[4:5] op_sel:[0,1]
+        v_pk_mov_b32 v[14:15], v[2:3], v[4:5]
+        v_pk_mov_b32 v[16:17], v[2:3], v[2:3] op_sel:[1,0]""",
+                       [a0, a1, b0, b1], ["v10", "v11", "v12", "v13", "v14", "v15", "v16", "v17"])
+    want = [a1, b0, a0, b1, a0, b0, a1, a0]
+    for got, expected in zip(outs, want, strict=True):
+        np.testing.assert_array_equal(got[:8], expected)
+
+
+def test_cmp_class_f32_names_every_class():
+    """v_cmp_class_f32 vcc, x, mask: set where x's class bit is in the mask (bit 0 signaling
+    NaN, 1 quiet NaN, 2 -inf, 3 -normal, 4 -denormal, 5 -0, 6 +0, 7 +denormal, 8 +normal,
+    9 +inf); Triton's NaN checks use it. Each of the ten values is tested against every
+    single-bit mask and one mixed mask. (Mutation: swapping the quiet and signaling NaN bits
+    fails here.)"""
+    values = np.array([0x7F800001, 0x7FC00000, 0xFF800000, 0xBF800000, 0x80000001, 0x80000000,
+                       0x00000000, 0x00000001, 0x3F800000, 0x7F800000], np.uint32)
+    x = np.tile(values, 11)
+    masks = np.concatenate([np.repeat(1 << np.arange(10, dtype=np.uint32), 10),
+                            np.full(10, 0b1000000011, np.uint32)])  # NaNs and +inf
+    got, = run_snippet("""
+        v_cmp_class_f32_e64 s[10:11], v2, v3
+        v_cndmask_b32_e64 v10, 0, 1, s[10:11]""", [x, masks], ["v10"])
+    want = np.concatenate([np.eye(10, dtype=np.uint32).reshape(-1),
+                           np.array([1, 1, 0, 0, 0, 0, 0, 0, 0, 1], np.uint32)])
+    np.testing.assert_array_equal(got[:110], want)
+
+
+def test_cndmask_abs_and_neg_act_on_the_sign_bit():
+    """v_cndmask_b32_e64 with |x| / -x sources (Triton's NaN-aware max emits them): the fp32
+    sign bit cleared / flipped, NaN payloads kept, before the select."""
+    x = np.array([0xBF800000, 0x3F800000, 0xFFC00001, 0x80000000] * 2, np.uint32)
+    cond = np.array([1, 1, 1, 1, 0, 0, 0, 0], np.uint32)
+    got_abs, got_neg = run_snippet("""
+        v_cmp_ne_u32_e64 s[10:11], 0, v3
+        v_cndmask_b32_e64 v10, 7, |v2|, s[10:11]
+        v_cndmask_b32_e64 v11, -v2, 7, s[10:11]""", [x, cond], ["v10", "v11"])
+    sign = np.uint32(0x80000000)
+    np.testing.assert_array_equal(got_abs[:8], np.where(cond == 1, x & ~sign, 7))
+    np.testing.assert_array_equal(got_neg[:8], np.where(cond == 1, 7, x ^ sign))

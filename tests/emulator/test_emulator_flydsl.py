@@ -199,15 +199,12 @@ def test_large_values_direct(built, rng):
     assert_close(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FlyDSL attention_merge overflows: it accumulates w_p * o_p with w_p = 2**(m_p - M) * l_p "
-    "(l_p up to ~119 here) in fp32 before dividing by the sum of the weights, so partials "
-    "near 2e38 give inf; normalizing the weights first (as the Triton reduce kernel does) "
-    "keeps it finite"))
 def test_large_values_split_and_merge(built, rng):
-    """The same data through split-K (2 partitions) and attention_merge. The partials are finite
-    bf16 (checked here, so the overflow is the merge's); the merged output is not. Strict
-    xfail: it starts failing once the merge kernel is fixed, and then the marker goes."""
+    """The same data through split-K (2 partitions) and attention_merge: the partials are finite
+    bf16 and so is the merged output. (Found by this test: the merge accumulated w_p * o_p with
+    w_p = 2**(m_p - M) * l_p, l_p up to ~119, before dividing by the weights' sum, so partials
+    near 2e38 overflowed to inf; it now normalizes the weights first, as the Triton reduce
+    kernel does. Restoring the old order fails here.)"""
     case = large_value_case(rng, LARGE_CONTEXTS, group=16)
     want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
     spec = abi.Specialization("sparse_attention", q="bf16", group=16, output="bf16",
