@@ -128,7 +128,7 @@ def citations() -> list[tuple[str, str]]:
     for path in files:
         text = path.read_text(errors="replace")
         spans = re.findall(r"SPEC\s*((?:§\s?\d+(?:\.\d+)?(?:\s*(?:[,/]|and|or)\s*)?)+)", text)
-        if path.name in ("spec.md", "README.md"):
+        if path in (ROOT / "README.md", ROOT / "docs" / "spec.md"):
             spans += re.findall(r"§\s?\d+(?:\.\d+)?", text)
         for span in spans:
             found += [(str(path.relative_to(ROOT)), n)
