@@ -239,9 +239,12 @@ def _build_pair(ctx, pi, base):
 
         def run_read(m, w):
             _require_addr(m, w, inst, addr)
-            for k, off in enumerate((off0, off1)):
+            # Both reads before any write: the destination may overlap the address register.
+            reads = []
+            for off in (off0, off1):
                 acc = LdsAccess(m, w, inst, _vaddr(m, w, addr, off * unit), size)
-                data = acc.read()
+                reads.append((acc, acc.read()))
+            for k, (acc, data) in enumerate(reads):
                 scatter_result(m, w, dst + k * per, acc.active, widen(data, size, False))
                 if m.check_undefined:
                     _set_loaded_def(m, w, acc, dst + k * per, per, size)

@@ -78,6 +78,8 @@ UP_CONVERSIONS = {
     "v_cvt_scalef32_pk_f32_bf8": ("bf8", 2, "f32", "word"),
     "v_cvt_scalef32_pk_f16_fp8": ("fp8", 2, "f16", "word"),
     "v_cvt_scalef32_pk_f16_bf8": ("bf8", 2, "f16", "word"),
+    "v_cvt_scalef32_pk_bf16_fp8": ("fp8", 2, "bf16", "word"),
+    "v_cvt_scalef32_pk_bf16_bf8": ("bf8", 2, "bf16", "word"),
     "v_cvt_scalef32_f32_fp8": ("fp8", 1, "f32", "byte"),
     "v_cvt_scalef32_f32_bf8": ("bf8", 1, "f32", "byte"),
 }
@@ -119,7 +121,11 @@ def build_cvt_scale_up(ctx, pi, base, enc):
             for i, v in enumerate(vals):
                 m.write_v(w, d + i, v.astype(np.float32).view(U32))
         else:
-            halves = [nx.f32_to_f16_bits(v.astype(np.float32)) for v in vals]
+            # f16: numpy's rounding; bf16: RNE from fp32 (an fp8 value times a power of two
+            # is exact in fp32, so one rounding either way)
+            narrow = (nx.f32_to_f16_bits if out_t == "f16" else
+                      lambda v: nx.f32_to_bf16_bits(v.view(U32)))
+            halves = [np.asarray(narrow(v.astype(np.float32)), U32) for v in vals]
             m.write_v(w, d, halves[0] | (halves[1] << U32(16)))
     vs, ss = registers_read(ctx, ops[1:3])
     return run, dict(vsrc=vs, ssrc=ss, vdst=set(range(d, d + (2 if wide else 1))),

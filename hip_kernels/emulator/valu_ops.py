@@ -269,6 +269,7 @@ OPS = {
     "v_xor_b32": ("b32", ("b32", "b32"), lambda a, b: a ^ b),
     "v_or3_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: a | b | c),
     "v_and_or_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: (a & b) | c),
+    "v_bfi_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: (a & b) | (~a & c)),
     "v_lshlrev_b32": ("b32", ("u32", "u32"), lambda a, b: _u64(b) << (_u64(a) & U64(31))),
     "v_lshrrev_b32": ("b32", ("u32", "u32"), lambda a, b: b >> (a & M32)),
     "v_ashrrev_i32": ("b32", ("u32", "i32"), lambda a, b: b >> (a & M32).astype(I32)),

@@ -140,7 +140,8 @@ def test_cvt_f16_f32_and_back(rng):
 
 @pytest.mark.parametrize("arch", ["gfx950", "gfx942"])
 def test_scaled_fp8_word_conversions(arch):
-    """v_cvt_scalef32_pk_f32_fp8 / _pk_f16_fp8 (word OPSEL[0], scale 1.0) over all 65536
+    """v_cvt_scalef32_pk_f32_fp8 / _pk_f16_fp8 / _pk_bf16_fp8 (word OPSEL[0], scale 1.0; the
+    bf16 form is Triton's gfx950 fp8 -> bf16 widening) over all 65536
     words, and v_cvt_scalef32_pk_fp8_f32 back (dst word OPSEL[3]); the architecture's fp8."""
     words = np.arange(65536, dtype=np.uint32)
     src = words | (words[::-1] << 16)
@@ -152,8 +153,10 @@ def test_scaled_fp8_word_conversions(arch):
         v_mov_b32_e32 v16, 0
         v_cvt_scalef32_pk_fp8_f32 v16, v10, v11, 1.0
         v_cvt_scalef32_pk_fp8_f32 v16, v12, v13, 1.0 op_sel:[0,0,0,1]
+        v_cvt_scalef32_pk_bf16_fp8 v17, v2, 1.0
+        v_cvt_scalef32_pk_bf16_fp8 v18, v2, 1.0 op_sel:[1,0,0]
     """
-    out = run_snippet(body, [src], [f"v{i}" for i in range(10, 17)], arch=arch)
+    out = run_snippet(body, [src], [f"v{i}" for i in range(10, 19)], arch=arch)
     fmt = E4M3[arch]
     for word_sel, (lo_reg, hi_reg, half_reg) in enumerate(((0, 1, 4), (2, 3, 5))):
         word = (src >> (16 * word_sel)) & 0xFFFF
@@ -163,6 +166,8 @@ def test_scaled_fp8_word_conversions(arch):
             assert same_bits_or_both_nan(as_f32(out[reg]), want).all()
             half = ((out[half_reg] >> (16 * byte)) & 0xFFFF).astype(np.uint16).view(np.float16)
             assert same_bits_or_both_nan(half.astype(np.float32), want).all()
+            brain = (out[7 + word_sel] >> (16 * byte)) & 0xFFFF
+            assert same_bits_or_both_nan(as_f32(brain << 16), want).all()
     finite = np.isfinite(as_f32(out[0])) & np.isfinite(as_f32(out[1])) & np.isfinite(
         as_f32(out[2])) & np.isfinite(as_f32(out[3]))
     if arch == "gfx950":  # -0 has no FNUZ code, so only the OCP format round-trips exactly
@@ -299,3 +304,12 @@ def test_cndmask_abs_and_neg_act_on_the_sign_bit():
     sign = np.uint32(0x80000000)
     np.testing.assert_array_equal(got_abs[:8], np.where(cond == 1, x & ~sign, 7))
     np.testing.assert_array_equal(got_neg[:8], np.where(cond == 1, 7, x ^ sign))
+
+
+def test_bfi_b32_inserts_bits_under_the_mask(rng):
+    """v_bfi_b32 D, mask, a, b = (mask & a) | (~mask & b) (CDNA4 ISA V_BFI_B32; Triton's
+    gfx942 copysign). (Mutation: (mask & a) | b fails here.)"""
+    mask, a, b = (rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
+                  for _ in range(3))
+    got, = run_snippet("v_bfi_b32 v10, v2, v3, v4", [mask, a, b], ["v10"])
+    np.testing.assert_array_equal(got[:64], (mask & a) | (~mask & b))

@@ -217,6 +217,23 @@ def test_lds_read_needs_lgkmcnt():
     """, lds=256)
 
 
+def test_read2_whose_destination_overlaps_its_address():
+    """ds_read2st64_b32 v[10:11], v10 ...: both addresses come from v10 as it was before the
+    instruction (Triton's gfx950 index scorer reuses the register so). (Found by profiling
+    that kernel: the emulator computed the second address from the first loaded value.)"""
+    out, = run_snippet("""
+        v_lshlrev_b32_e32 v10, 2, v0
+        v_add_u32_e32 v12, 0x3000, v2
+        ds_write_b32 v10, v2
+        ds_write_b32 v10, v12 offset:512
+        s_waitcnt lgkmcnt(0)
+        ds_read2st64_b32 v[10:11], v10 offset1:2
+        s_waitcnt lgkmcnt(0)
+        v_add_u32_e32 v2, v10, v11
+    """, [LANES], ["v2"], lds=1024)
+    np.testing.assert_array_equal(out[:64], 2 * LANES + 0x3000)
+
+
 # ---- LDS races ----------------------------------------------------------------------------------
 
 RACE_BODY = """
