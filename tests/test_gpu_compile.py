@@ -176,3 +176,49 @@ def test_prefill_index_tiles_fold_the_keys_without_spilling():
         resources, ops = sass_stats.profile(kernel)
         assert int(resources.get("STACK", 0)) == 0 and int(resources.get("LOCAL", 0)) == 0
         assert ops["HGMMA"] > 0 and not any(op.startswith("LDL") for op in ops), ops
+
+
+CROSS_ARCH_SCRIPT = """
+import json, pathlib, re, sys
+import jax, jax.numpy as jnp
+import jax_mxfp4 as jm
+kv = jax.ShapeDtypeStruct((8, 1, 8704), jnp.uint8)
+args = (jax.ShapeDtypeStruct((2, 16, 128), jnp.bfloat16), kv, kv,
+        jax.ShapeDtypeStruct((2, 1, 4), jnp.int32), jax.ShapeDtypeStruct((2, 1), jnp.int32))
+attend = jax.jit(lambda *a: jm.sparse_attention(*a, sm_scale=0.1, output="mxfp8"))
+for backend in ("emulated-gfx950", "emulated-gfx942"):
+    with jm.backend_scope(backend):
+        attend.lower(*args).compile()
+found = {}
+for meta in pathlib.Path(sys.argv[1]).glob("*.json"):
+    isa = json.loads(meta.read_text())["isa"]
+    arch = re.search(r"amdgcn-amd-amdhsa--(gfx\\d+)", isa).group(1)
+    found.setdefault(arch, []).append("v_cvt_scalef32" in isa)
+print(json.dumps(found))
+"""
+
+
+def test_gfx942_code_compiled_after_gfx950_has_no_gfx950_instructions(tmp_path):
+    """Triton 3.6 keeps state from the first AMD architecture a process compiles for: in one
+    process, gfx942 code compiled after gfx950 code carried gfx950's ``v_cvt_scalef32_*``
+    conversions (an illegal instruction on an MI300X; the reverse order changes gfx950's code
+    too). The compiler compiles every AMD
+    architecture but the first in a worker process of its own. Lowers the MXFP8 attention (its
+    fp8 conversions are where the architectures differ) for both emulated backends in a fresh
+    process with an empty kernel cache, then reads each cached kernel's assembly.
+
+    Mutation check (performed by hand): ``_compile_here_or_isolated`` compiling every
+    architecture in-process makes the gfx942 kernels carry ``v_cvt_scalef32`` and this fail."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_MXFP4_CACHE_DIR=str(tmp_path),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"))  # Triton's own cache hides the bug
+    run = subprocess.run([sys.executable, "-c", CROSS_ARCH_SCRIPT, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["gfx950"] and any(found["gfx950"]), found  # the probe sees gfx950's conversions
+    assert found["gfx942"] and not any(found["gfx942"]), found

@@ -96,7 +96,8 @@ def _key(spec: KernelSpec, target: Target) -> str:
             "options": [spec.num_warps, spec.num_stages],
             "target": [target.backend, str(target.arch), target.warp_size],
             "triton": triton.__version__,
-            "cache_format": 2,  # entries carry the ROCm assembly (Compiled.isa)
+            "cache_format": 3,  # 2: entries carry the ROCm assembly (Compiled.isa); 3: no
+            # gfx942 code compiled after gfx950 in one process (_compile_here_or_isolated)
         },
         sort_keys=True,
     )
@@ -112,7 +113,8 @@ def _divisibility_attrs(spec: KernelSpec) -> dict:
     }
 
 
-def _triton_compile(spec: KernelSpec, target: Target) -> Compiled:
+def triton_compile(spec: KernelSpec, target: Target) -> Compiled:
+    """Triton's compile of ``spec`` for ``target``, in this process."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -199,9 +201,32 @@ def compile_kernel(spec: KernelSpec, target: Target) -> Compiled:
     compiled = _load(path)
     if compiled is None:
         with _lock:  # Triton's compiler is not re-entrant across threads
-            compiled = _triton_compile(spec, target)
+            compiled = _compile_here_or_isolated(spec, target)
         _store(path, compiled)
     return compiled
+
+
+_first_hip_arch: list[str] = []  # the AMD architecture this process compiles for itself
+_workers: dict[str, Any] = {}  # every other AMD architecture -> its compile worker
+
+
+def _compile_here_or_isolated(spec: KernelSpec, target: Target) -> Compiled:
+    """Triton (3.6) keeps state from the first AMD architecture a process compiles for:
+    compiling a kernel for gfx950 and then for gfx942 puts gfx950 instructions
+    (``v_cvt_scalef32_*``) and gfx950 fp8 conversions into the gfx942 code. So the process
+    compiles for its first AMD architecture itself and for every other one in a worker process
+    of that architecture's own (``compile_worker``; the emulated backends lower for both)."""
+    if target.backend != "hip":
+        return triton_compile(spec, target)
+    if not _first_hip_arch:
+        _first_hip_arch.append(target.arch)
+    if target.arch == _first_hip_arch[0]:
+        return triton_compile(spec, target)
+    if target.arch not in _workers:
+        from jax_mxfp4.gpu.compile_worker import Worker
+
+        _workers[target.arch] = Worker()
+    return _workers[target.arch].compile(spec, target)
 
 
 def spec(fn, args: dict[str, str], constants: dict[str, Any], *, num_warps: int = 4,
