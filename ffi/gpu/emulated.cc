@@ -6,6 +6,10 @@
 
 #include <mutex>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace jax_mxfp4::gpu {
 namespace {
 
@@ -62,6 +66,44 @@ PyObject* Arguments(const EmulatedLaunch& l) {
   return out;
 }
 
+// IEEE denormals for the emulator while it runs: XLA's CPU threads flush denormal results
+// and inputs to zero (x86 MXCSR FTZ and DAZ; aarch64 FPCR.FZ), and the emulator computes the
+// GPU's fp32 arithmetic with the host's, which must keep them (the kernels run with
+// denormals on). Restores the thread's mode when it goes. (Mutation check: without it the
+// gfx942 scorer with q_round="none" loses its small products: tests/test_index_scores.py
+// test_scores_ragged_prefill and test_scores_decode [emulated-gfx942-bf16-none-*] fail, 6.)
+class IeeeDenormals {
+ public:
+  IeeeDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero));
+#elif defined(__aarch64__)
+    asm volatile("mrs %0, fpcr" : "=r"(saved_));
+    uint64_t ieee = saved_ & ~kFpcrFlushToZero;
+    asm volatile("msr fpcr, %0" : : "r"(ieee));
+#endif
+  }
+  ~IeeeDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(saved_);
+#elif defined(__aarch64__)
+    asm volatile("msr fpcr, %0" : : "r"(saved_));
+#endif
+  }
+  IeeeDenormals(const IeeeDenormals&) = delete;
+  IeeeDenormals& operator=(const IeeeDenormals&) = delete;
+
+ private:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  unsigned saved_ = 0;
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFpcrFlushToZero = uint64_t{1} << 24;
+  uint64_t saved_ = 0;
+#endif
+};
+
 }  // namespace
 
 std::string RunEmulator(const EmulatedLaunch& launch) {
@@ -73,6 +115,7 @@ std::string RunEmulator(const EmulatedLaunch& launch) {
   if (callable == nullptr) {
     return "no CDNA emulator is installed (select an emulated backend in jax_mxfp4)";
   }
+  IeeeDenormals ieee;
   PyGILState_STATE gil = PyGILState_Ensure();
   std::string why;
   PyObject* args = Arguments(launch);
