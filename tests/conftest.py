@@ -4,6 +4,11 @@ Every operation is tested against the independent float64 oracle in ``tests/orac
 both implementations: ``jm.reference`` (plain jnp) and the public ``jm`` functions (validated,
 dispatched to the platform's backend).
 
+Tests marked ``@pytest.mark.emulated`` also run their ``impl`` on the emulated ROCm backends
+("emulated-gfx950", "emulated-gfx942"): the public functions, lowered as on an MI355X / MI300X
+(FlyDSL and Triton code objects) and executed in the CDNA emulator, at the test's own sizes
+(kept small: the emulator runs a small launch in a fraction of a second).
+
 Compile time dominates the suite, so calls go through :func:`call`, which keeps one
 ``jax.jit`` per (implementation, function) and lets JAX's cache reuse compiled executables
 across tests of the same shapes. Builders therefore use a few standard shapes.
@@ -36,6 +41,9 @@ E4M3 = ml_dtypes.float8_e4m3fn
 SM_SCALE = 128**-0.5
 
 IMPLS = {"reference": jm.reference, "public": jm}
+EMULATED = ("emulated-gfx950", "emulated-gfx942")
+"""Backends an ``emulated``-marked test's ``impl`` also takes (the public functions under
+``jm.backend_scope``)."""
 
 # Static keyword arguments of each function (everything else is an array operand).
 _STATIC = {
@@ -60,16 +68,52 @@ def _jitted(impl_name: str, fn_name: str):
 
 
 def call(impl_name: str, fn_name: str, *args, **kwargs):
-    """``IMPLS[impl_name].<fn_name>(*args, **kwargs)`` under a cached ``jax.jit``; numpy
-    results."""
-    out = _jitted(impl_name, fn_name)(*args, **kwargs)
+    """``IMPLS[impl_name].<fn_name>(*args, **kwargs)`` under a cached ``jax.jit`` (for an
+    emulated backend: ``jm.<fn_name>`` in its ``backend_scope``, which is part of the jit
+    key); numpy results."""
+    if impl_name in EMULATED:
+        with jm.backend_scope(impl_name):
+            out = _jitted("public", fn_name)(*args, **kwargs)
+    else:
+        out = _jitted(impl_name, fn_name)(*args, **kwargs)
     return jax.tree.map(np.asarray, out)
 
 
-@pytest.fixture(params=list(IMPLS))
-def impl(request) -> str:
-    """Name of the implementation under test: "reference" (jm.reference) or "public" (jm)."""
+def pytest_generate_tests(metafunc):
+    """``impl``: "reference" and "public", plus the emulated backends for tests marked
+    ``emulated``."""
+    if "impl" in metafunc.fixturenames:
+        names = list(IMPLS)
+        if metafunc.definition.get_closest_marker("emulated"):
+            names += list(EMULATED)
+        metafunc.parametrize("impl", names, indirect=True)
+
+
+def use_session_kernels(request, monkeypatch) -> None:
+    """Let an emulated backend take the session's FlyDSL build as its code objects."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(request.getfixturevalue("built")[0]))
+
+
+@pytest.fixture
+def impl(request, monkeypatch) -> str:
+    """Name of the implementation under test: "reference" (jm.reference), "public" (jm) or
+    an emulated backend (jm on it, with the session's FlyDSL build as its code objects)."""
+    if request.param in EMULATED:
+        use_session_kernels(request, monkeypatch)
     return request.param
+
+
+@pytest.fixture(params=("default", *EMULATED))
+def backend(request, monkeypatch):
+    """The public functions on this process's backend ("default") or on an emulated one, in
+    scope for the whole test."""
+    if request.param == "default":
+        yield request.param
+        return
+    use_session_kernels(request, monkeypatch)
+    with jm.backend_scope(request.param):
+        yield request.param
 
 
 @pytest.fixture

@@ -47,6 +47,8 @@ from conftest import (
 
 import jax_mxfp4 as jm
 
+pytestmark = pytest.mark.emulated  # impl also takes emulated-gfx950 and -gfx942 (conftest)
+
 QCONFIGS = {  # id -> (q dtype, q_round)
     "bf16-e4m3": ("bf16", "e4m3"),
     "bf16-none": ("bf16", "none"),

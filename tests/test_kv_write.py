@@ -69,7 +69,8 @@ def _step(rng, rows=40, heads=2, pages=16):
 
 
 @pytest.mark.parametrize("variant", ["shared_slots", "index_slots"])
-def test_write_kv_cache_matches_the_oracle(rng, variant):
+def test_write_kv_cache_matches_the_oracle(rng, variant, backend):
+    """On this process's backend and on the emulated ROCm ones (``backend`` fixture)."""
     k_pool, v_pool, index_pool, k, v, index_k, slots = _step(rng)
     index_slots = None
     if variant == "index_slots":
@@ -101,7 +102,7 @@ def test_write_kv_cache_donated_pools_are_updated_in_place(rng):
     assert not [line for line in hlo.splitlines() if " copy(" in line and "8704" in line]
 
 
-def test_write_kv_cache_under_vmap(rng):
+def test_write_kv_cache_under_vmap(rng, backend):
     steps = [_step(rng) for _ in range(3)]
     stacked = [np.stack(parts) for parts in zip(*steps, strict=True)]
     out = jax.vmap(jm.write_kv_cache)(*stacked)

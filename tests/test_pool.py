@@ -56,6 +56,7 @@ def _rows(rng, shape, dtype):
     return x.astype(dtype)
 
 
+@pytest.mark.emulated  # also on emulated-gfx950 / -gfx942 (conftest)
 @pytest.mark.parametrize("heads", [None, 2], ids=["no_head", "heads2"])
 @pytest.mark.parametrize("slot_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("round_mode", ["up", "even", "down"])
@@ -72,6 +73,7 @@ def test_write_cache_matches_oracle(impl, heads, slot_dtype, round_mode, rng):
     assert diff.size == 0, f"{len(diff)} bytes differ, first at {diff[:3].tolist()}"
 
 
+@pytest.mark.emulated  # also on emulated-gfx950 / -gfx942 (conftest)
 def test_write_cache_default_round_mode(impl, rng):
     pool = np.zeros((P, 8704), np.uint8)
     x = _rows(rng, (T, 128), np.float32)
@@ -80,6 +82,7 @@ def test_write_cache_default_round_mode(impl, rng):
     np.testing.assert_array_equal(got, oracle.write_cache(pool, x, slots, "up"))
 
 
+@pytest.mark.emulated  # also on emulated-gfx950 / -gfx942 (conftest)
 def test_write_cache_int64_slots_beyond_int32(impl, rng):
     """int64 slots past 2**31 are out of the pool: not written, not wrapped onto a page."""
     pool = rng.integers(0, 256, (P, 8704), dtype=np.uint8)

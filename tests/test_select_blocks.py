@@ -38,6 +38,8 @@ from conftest import call
 
 import jax_mxfp4 as jm
 
+pytestmark = pytest.mark.emulated  # impl also takes emulated-gfx950 and -gfx942 (conftest)
+
 H, T, NB, B, W = 2, 16, 6, 3, 7
 POSITIONS = np.array([-1, 0, 1, 127, 128, 129, 255, 256, 300, 640, 767, 768, 2000, 5, 400, -1],
                      np.int32)

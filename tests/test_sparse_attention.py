@@ -53,6 +53,8 @@ from conftest import (
 
 import jax_mxfp4 as jm
 
+pytestmark = pytest.mark.emulated  # impl also takes emulated-gfx950 and -gfx942 (conftest)
+
 T = 4
 CONTEXTS = np.array([[1, 2048], [128, 129], [0, 777], [1500, 127]], np.int32)
 

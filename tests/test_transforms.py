@@ -172,6 +172,12 @@ def test_jit_matches_eager(rng):
 
 def test_scan_over_stacked_layer_pools(rng):
     """A decode step per layer under lax.scan: write the new token, attend over the pools."""
+    _scan_case(rng)
+
+
+def _scan_case(rng):
+    """The scan of the test above against its per-layer calls (also run on the emulated
+    backends by test_emulated_transforms.py)."""
     layers, rows = 3, 2
     k_pools = jnp.asarray(random_pages(rng, (layers, 4, 1)))
     v_pools = jnp.asarray(random_pages(rng, (layers, 4, 1)))

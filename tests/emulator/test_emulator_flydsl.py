@@ -13,6 +13,21 @@ executed in the emulator at small MiniMax-M3.1 shapes (16 q heads per kv head, h
 
 Output buffers start as a byte pattern, so an element the kernel forgets to write fails.
 Every launch runs with the emulator's full fault model; a fault fails the test.
+
+Mutation checks of the kernels (performed by hand, one edit at a time in ``hip_kernels/``,
+run with ``-k "emulated-gfx950 or flydsl"`` over this file and the operation tests; the
+failing tests are listed, not only the ones meant to catch it):
+
+* wrong MFMA scale operand (index_scores ``_score_block``: the key's e8m0 byte passed as the
+  B (query) scale and 127 as the A scale) -> all 8 test_index_scores_bit_exact, and in
+  tests/test_index_scores.py [emulated-gfx950] test_scores_ragged_prefill [4],
+  test_scores_decode [4], test_scores_exact_per_token_scales [4], test_deep_scale_groups [2].
+* missing ``-inf`` mask (index_scores: a token past the row's position still counts in the
+  block's max, ``fmax(best, logit)``) -> the same 22 tests.
+* off-by-one page (sparse_attention ``_page``: page id + 1) -> test_sparse_attention_direct
+  [2], test_sparse_attention_split_and_merge [4], both large-value tests, and
+  tests/test_sparse_attention.py test_matches_oracle [emulated-gfx950, G16: 4] (the other
+  group sizes lower to Triton and passed, as they should).
 """
 
 from __future__ import annotations
