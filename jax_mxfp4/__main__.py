@@ -53,6 +53,17 @@ def _bench(subparsers) -> None:
     parser.set_defaults(run=bench.run_from_args)
 
 
+def _emulate(subparsers) -> None:
+    from jax_mxfp4 import emulate_profile
+
+    parser = subparsers.add_parser(
+        "emulate", help="profile the ROCm kernels in the CDNA emulator, with an MI355X estimate",
+        description=emulate_profile.__doc__.split("\n\n", 1)[1],
+    )
+    emulate_profile.add_arguments(parser)
+    parser.set_defaults(run=emulate_profile.run_from_args)
+
+
 def _build(subparsers) -> None:
     from jax_mxfp4.hip_kernels import build
 
@@ -93,7 +104,7 @@ def _run_build(args) -> int:
 # Commands in the order `--help` lists them. Adding one (info, bench, build): write
 # `def _info(subparsers) -> None` like `_demo` and append it here.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_demo, _info, _bench,
-                                                                      _build)
+                                                                      _emulate, _build)
 
 
 def build_parser() -> argparse.ArgumentParser:

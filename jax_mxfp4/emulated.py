@@ -18,7 +18,9 @@ call is first lowered for one of them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import functools
 
 import numpy as np
@@ -99,6 +101,31 @@ def _program(asm: str):
     return emulator.Program.from_asm(asm)
 
 
+@dataclasses.dataclass
+class _Profiling:
+    workgroups: int | None
+    profiles: list
+
+
+_PROFILING: list[_Profiling] = []  # the innermost profiled() block last (XLA may run a
+# custom call on a thread of its own, so this is process-wide, not per thread)
+
+
+@contextlib.contextmanager
+def profiled(workgroups: int | None = None):
+    """Profile every emulated launch inside the block: yields a list that gets
+    one ``hip_kernels.emulator.Profile`` (instructions per wave by class, bytes, MI355X
+    estimate) per launch. ``workgroups``: run only that many workgroups spread over each grid
+    (the emulator scales the totals to the grid); **the other workgroups' outputs are then
+    never written**, so results computed inside are for profiling only. None runs them all."""
+    state = _Profiling(workgroups, [])
+    _PROFILING.append(state)
+    try:
+        yield state.profiles
+    finally:
+        _PROFILING.remove(state)
+
+
 def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers) -> None:
     """Run one launch of the launcher's CPU form (see the module docstring); raises with the
     emulator's report on a fault."""
@@ -118,8 +145,12 @@ def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers
             memory.map(address, _host_view(address, size), writable=bool(result),
                        name=f"buffer {index}")
     kernarg = kernarg_bytes(info.args, info.kernarg_size, grid, block, params)
-    emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
-                 kernarg=kernarg, memory=memory, arch=kernel.program.arch)
+    state = _PROFILING[-1] if _PROFILING else None
+    report = emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
+                          kernarg=kernarg, memory=memory, arch=kernel.program.arch,
+                          workgroups=None if state is None else state.workgroups)
+    if state is not None:
+        state.profiles.append(emulator.profile(report))
 
 
-__all__ = ["EMULATED", "emulate", "install", "kernarg_bytes"]
+__all__ = ["EMULATED", "emulate", "install", "kernarg_bytes", "profiled"]

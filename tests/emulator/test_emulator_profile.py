@@ -78,3 +78,20 @@ def test_sampled_launch_scales_to_the_grid():
     assert sampled.per_wave == full.per_wave
     assert sampled.global_bytes_read == full.global_bytes_read
     assert sampled.estimate.seconds == pytest.approx(full.estimate.seconds)
+
+
+def test_emulate_command_profiles_the_lowerings_launches(built, monkeypatch):
+    """``python -m jax_mxfp4 emulate --profile`` on one decode cell: the FlyDSL split-K
+    attention and its merge, exactly as the gfx950 lowering launches them (grid from the split
+    plan), one sampled workgroup each, with positive counts scaled to the grid."""
+    from jax_mxfp4.emulate_profile import profile_cells
+
+    monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(built[0]))
+    table = profile_cells("gfx950", ["decode 8 rows x 16 pages"], 1, True)
+    rows = [line.split() for line in table.splitlines() if line.startswith("sparse_attention")]
+    kernels = [next(w for w in row if w.startswith("jax_mxfp4_")) for row in rows]
+    assert kernels == ["jax_mxfp4_sparse_attention_qbf16_g16_bf16_split",
+                       "jax_mxfp4_attention_merge_g16_bf16"], table
+    split = rows[0][rows[0].index(kernels[0]) + 1:]
+    assert split[0] == "8x8x1" and split[1] == "256", table  # 8 rows x 8 splits, 4 waves each
+    assert all(float(x) >= 0 for x in split[2:-2]) and float(split[2]) > 0, table
