@@ -17,9 +17,9 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu.compiler import Compiled
 from jax_mxfp4.lowering import FLYDSL_REQUIREMENT
 
-from ._lazy import flydsl_available
 from .abi import Specialization
 from .code_object import ARCHES, code_object
+from .flydsl_process import flydsl_installed
 
 WAVE = 64
 POWERS = (1, 2, 4, 8, 16)
@@ -38,13 +38,15 @@ def available(target, config) -> str | None:
 
 def code_object_problem(spec: Specialization, arch: str) -> str | None:
     """Why the code object of ``spec`` cannot be had here (not prebuilt, not cached, and no
-    FlyDSL to compile it), or ``None``."""
-    if flydsl_available():
+    FlyDSL installed to compile it), or ``None``. FlyDSL compiles in a process of its own with
+    a stand-in for torch (``flydsl_process``), so being installed is enough; an in-process
+    import (which needs torch) is not asked for."""
+    if flydsl_installed():
         return None
     try:
         code_object(spec, arch=arch, compile=False)
     except FileNotFoundError:
-        return f"no prebuilt or cached {spec.symbol} and FlyDSL cannot be imported; " \
+        return f"no prebuilt or cached {spec.symbol} and FlyDSL is not installed; " \
                f"{FLYDSL_REQUIREMENT}"
     return None
 

@@ -26,11 +26,3 @@ class LazyModule:
     def __repr__(self) -> str:
         return f"<lazy module {self._name}>"
 
-
-def flydsl_available() -> bool:
-    """Whether FlyDSL can be imported here (it also needs torch, even a stand-in)."""
-    try:
-        importlib.import_module("flydsl.compiler")
-    except Exception:  # FlyDSL or torch missing or broken: any import failure counts
-        return False
-    return True

@@ -198,3 +198,17 @@ def test_explain_reports_what_lowers_on_gfx950(rocm):
     with jm.lowering_options(gfx950_kernels="triton"):
         (entry,) = jm.explain(fn, *args, platform="rocm")
         assert entry.lowering.startswith("triton:") and "Triton" in entry.skipped[0][1]
+
+
+def test_flydsl_kernels_are_built_on_demand_without_torch(monkeypatch, tmp_path):
+    """No prebuilt kernels, an empty cache, no torch in this process (as in CI): with FlyDSL
+    installed, the gfx950 lowering still takes the FlyDSL kernel (compiled in a process of its
+    own with the torch stand-in, then cached) instead of passing the call to Triton. (It took
+    Triton here until the check asked for an in-process FlyDSL import, which needs torch.)"""
+    pytest.importorskip("flydsl")
+    monkeypatch.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
+    monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path))
+    fn, args, expected = _cases()["index_decode"]
+    with jm.lowering_options(gpu_arch="gfx950", gpu_units=256):
+        assert _symbols(lower_for_rocm(fn, args)) == [e[0] for e in expected]
+    assert list(tmp_path.glob(f"gfx950/{expected[0][0]}-*/{expected[0][0]}.hsaco"))
