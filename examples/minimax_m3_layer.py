@@ -32,6 +32,13 @@ equal the one-device sum only to rounding.
   the states must agree to bf16 rounding (relative L2 <= 1e-2); whether they are also equal
   bit for bit is printed. On GPUs, ``XLA_FLAGS="--xla_gpu_deterministic_ops=true
   --xla_gpu_autotune_level=0"`` makes each compiled program repeat its own bits.
+
+``--compare-backend NAME`` reruns the same prefill and decode on backend ``NAME`` and holds
+the hidden states to the same 1e-2. With the emulated MI355X it checks the gfx950 kernels
+inside a whole model on the CPU (a few seconds per decode step at these sizes):
+
+    JAX_MXFP4_BACKEND=emulated-gfx950 python examples/minimax_m3_layer.py \
+        --layers 1 --hidden 128 --prompt-len 200 --decode-steps 2 --compare-backend auto
 """
 
 from __future__ import annotations
@@ -356,6 +363,10 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--dp", type=int, default=1, help="data-parallel degree (requests)")
     parser.add_argument("--cpu-devices", type=int, default=0,
                         help="split the CPU into this many devices (before jax starts)")
+    parser.add_argument("--compare-backend", choices=jm.backends(), default=None,
+                        help="rerun on this jax_mxfp4 backend (e.g. 'auto': the CPU handlers, "
+                        "against JAX_MXFP4_BACKEND=emulated-gfx950) and compare the hidden "
+                        "states")
     parser.add_argument("--check", action="store_true",
                         help="recompute our operations on one device and compare bits; rerun "
                         "with TP=1, DP=1 and compare the hidden states")
@@ -374,12 +385,27 @@ def main(argv=None) -> int:
     mesh = make_mesh(args.tp, args.dp)
     records = [] if args.check else None
     outputs, times, collectives = serve(cfg, mesh, records)
-    print(f"{jax.devices()[0].platform}: TP={args.tp} DP={args.dp}, {cfg}")
+    print(f"{jax.devices()[0].platform}, backend {jm.get_backend()}: TP={args.tp} "
+          f"DP={args.dp}, {cfg}")
     print(f"decode step: median {np.median(times) * 1e3:.2f} ms over {len(times)} steps "
           f"(min {min(times) * 1e3:.2f} ms); collectives in the step: {collectives}")
     if args.check and not check_against_tp1(cfg, args, outputs, records):
         return 1
+    if args.compare_backend and not compare_backends(cfg, mesh, outputs, args.compare_backend):
+        return 1
     return 0
+
+
+def compare_backends(cfg: Config, mesh: Mesh, outputs, other: str) -> bool:
+    """The same run on backend ``other``: hidden states within bf16 rounding of this one's."""
+    with jm.backend_scope(other):
+        theirs, times, _ = serve(cfg, mesh)
+    error = relative_error(outputs, theirs)
+    print(f"backend {other} decode step: median {np.median(times) * 1e3:.2f} ms")
+    print(f"hidden states: backend {jm.get_backend()} equals backend {other} bit for bit: "
+          f"{same_bits(outputs, theirs)} (relative L2 difference {error:.2e}; held to <= "
+          f"{HIDDEN_TOLERANCE:.0e})")
+    return error <= HIDDEN_TOLERANCE
 
 
 if __name__ == "__main__":
