@@ -25,10 +25,6 @@ import numpy as np
 from jax_mxfp4 import bench_gpu, emulated
 from jax_mxfp4._table import format_table
 from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.hip_kernels import abi
-from jax_mxfp4.hip_kernels._launch import code_object_problem
-from jax_mxfp4.hip_kernels.build import build_all
-from jax_mxfp4.hip_kernels.code_object import ARCHES
 
 DEFAULT_CELLS = ("prefill", "b32 S1 H1 ctx 8K", "8 rows x 16 pages", "4096 tokens",
                  "32 rows ctx 128K")
@@ -71,11 +67,6 @@ def profile_cells(arch: str, patterns, workgroups: int, detail: bool) -> str:
     cells = _selected(patterns)
     if not cells:
         raise SystemExit(f"no benchmark cell matches {patterns}")
-    if arch in ARCHES:  # the FlyDSL code objects the lowering takes: built once into the
-        missing = [s for s in abi.minimax_specializations()  # kernel cache if not at hand
-                   if code_object_problem(s, arch) is not None]
-        if missing:
-            build_all(arch, None, missing, progress=sys.stderr.isatty())
     for number, cell in enumerate(cells, 1):
         fn, varying, shared = cell.make(rng, 1)
         start = time.perf_counter()
