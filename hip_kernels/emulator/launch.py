@@ -66,6 +66,8 @@ class RunReport:
     issues: int
     seconds: float
     per_instruction: list  # (pc, line, text, class, wave-instructions) of executed ones
+    vgprs: int = 0  # unified VGPRs per lane of each wave (ArchVGPRs and AGPRs)
+    lds_per_workgroup: int = 0  # bytes, static and dynamic
 
     @property
     def per_wave(self) -> dict:
@@ -379,4 +381,5 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
         scalar_bytes_read=stats.get("smem_bytes", 0),
         lds_bytes_read=stats.get("lds_read", 0), lds_bytes_written=stats.get("lds_written", 0),
         scratch_bytes=stats.get("scratch_read", 0) + stats.get("scratch_written", 0),
-        issues=issues, seconds=time.perf_counter() - started, per_instruction=executed)
+        issues=issues, seconds=time.perf_counter() - started, per_instruction=executed,
+        vgprs=kernel.vgpr_file, lds_per_workgroup=lds)

@@ -18,7 +18,10 @@ The estimate model (a roofline with a latency floor; every constant is below):
 * LDS: bytes / (128 B/cycle per active CU);
 * latency floor: each ``s_waitcnt vmcnt(0)`` a wave executes as one HBM round trip of
   ``WAIT_LATENCY`` (0.5 us, about 1200 cycles; waits for a partial count are taken as
-  already satisfied), the waves sharing a SIMD overlapping theirs;
+  already satisfied). The waves resident on a SIMD at once overlap their waits; the
+  launch's waves per SIMD run in ``ceil(waves per SIMD / resident)`` rounds, resident being
+  set by the kernel's VGPRs (512 per lane per SIMD, in granules of 8), its LDS per
+  workgroup (160 KiB per CU) and the 8-wave limit (``resident_waves``);
 * estimate = max(memory, compute, LDS, latency floor) + no launch overhead.
 
 It leaves out: launch overhead (a few us per kernel), caches (L2 and the 256 MB Infinity
@@ -31,6 +34,7 @@ measurement.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 CLOCK_HZ = 2.4e9
@@ -42,6 +46,10 @@ LDS_BYTES_PER_CYCLE = 128
 VALU_CYCLES = 4
 TRANSCENDENTAL_CYCLES = 16
 WAIT_LATENCY = 0.5e-6
+VGPRS_PER_SIMD = 512  # unified VGPR file per lane (ArchVGPRs + AGPRs), CDNA3/CDNA4
+VGPR_GRANULE = 8
+MAX_WAVES_PER_SIMD = 8
+LDS_PER_CU = 160 * 1024
 MFMA_FLOPS_PER_CYCLE = {"bf16": 1024, "f16": 1024, "fp8": 2048, "fp4": 4096}
 TRANSCENDENTALS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 
@@ -111,6 +119,16 @@ def mfma_work(text: str) -> tuple[str, int]:
     return ("bf16" if "bf16" in kind else "f16"), flops
 
 
+def resident_waves(vgprs: int, lds_per_workgroup: int, waves_per_workgroup: float) -> int:
+    """Waves of one kernel a SIMD holds at once (occupancy), at least 1."""
+    granules = -(-max(vgprs, 1) // VGPR_GRANULE) * VGPR_GRANULE
+    waves = min(MAX_WAVES_PER_SIMD, VGPRS_PER_SIMD // granules)
+    if lds_per_workgroup:
+        groups_per_cu = LDS_PER_CU // lds_per_workgroup
+        waves = min(waves, int(groups_per_cu * waves_per_workgroup) // SIMDS_PER_CU)
+    return max(1, waves)
+
+
 def profile(report) -> Profile:
     """The profile and MI355X estimate of one emulated launch."""
     scale = report.workgroups / max(report.workgroups_run, 1)
@@ -140,7 +158,9 @@ def profile(report) -> Profile:
                  global_bytes / (cus * CU_MEMORY_BYTES_PER_CYCLE * CLOCK_HZ))
     compute = (mfma_cycles + valu_cycles + other_cycles) / simds / CLOCK_HZ
     waves_per_simd = max(1.0, waves / (CUS * SIMDS_PER_CU))
-    latency = waits / max(report.waves, 1) * WAIT_LATENCY * waves_per_simd
+    resident = resident_waves(report.vgprs, report.lds_per_workgroup, waves_per_group)
+    rounds = math.ceil(waves_per_simd / resident)
+    latency = waits / max(report.waves, 1) * WAIT_LATENCY * rounds
     lds = lds_bytes / (cus * LDS_BYTES_PER_CYCLE * CLOCK_HZ)
     return Profile(
         kernel=report.kernel, grid=report.grid, block=report.block, waves=waves,

@@ -95,3 +95,21 @@ def test_emulate_command_profiles_the_lowerings_launches(built, monkeypatch):
     split = rows[0][rows[0].index(kernels[0]) + 1:]
     assert split[0] == "8x8x1" and split[1] == "256", table  # 8 rows x 8 splits, 4 waves each
     assert all(float(x) >= 0 for x in split[2:-2]) and float(split[2]) > 0, table
+
+
+def test_latency_floor_overlaps_the_resident_waves():
+    """The waves a SIMD holds at once overlap their waits: 4 waves per SIMD of a kernel that
+    fits 2 take two rounds, of one that fits 8 one round. Occupancy comes from the VGPRs
+    (512 per lane per SIMD, granules of 8) and the LDS per workgroup (160 KiB per CU)."""
+    import dataclasses
+
+    lanes = np.arange(8 * 64, dtype=np.uint32)
+    _, report = run_snippet(BODY, [lanes], ["v10"], report=True)
+    assert P.resident_waves(256, 0, 1) == 2 and P.resident_waves(64, 0, 1) == 8
+    assert P.resident_waves(100, 0, 1) == 4  # 104 after rounding: 512 // 104
+    assert P.resident_waves(64, 80 * 1024, 4) == 2  # 2 workgroups of 4 waves on 4 SIMDs
+    many = dataclasses.replace(report, workgroups=4 * P.CUS * P.SIMDS_PER_CU * 8 // 8,
+                               workgroups_run=8)
+    for vgprs, rounds in ((256, 2), (64, 1)):
+        est = profile(dataclasses.replace(many, vgprs=vgprs)).estimate
+        assert est.latency == pytest.approx(rounds * P.WAIT_LATENCY), vgprs
