@@ -79,10 +79,20 @@ def call(impl_name: str, fn_name: str, *args, **kwargs):
     return jax.tree.map(np.asarray, out)
 
 
+def _parametrizes_impl(metafunc) -> bool:
+    """Whether the test chooses its own ``impl`` values (``@pytest.mark.parametrize``)."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        names = names.split(",") if isinstance(names, str) else names
+        if "impl" in [n.strip() for n in names]:
+            return True
+    return False
+
+
 def pytest_generate_tests(metafunc):
     """``impl``: "reference" and "public", plus the emulated backends for tests marked
     ``emulated``."""
-    if "impl" in metafunc.fixturenames:
+    if "impl" in metafunc.fixturenames and not _parametrizes_impl(metafunc):
         names = list(IMPLS)
         if metafunc.definition.get_closest_marker("emulated"):
             names += list(EMULATED)
