@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 
-from . import _ir as I
-from . import _numerics as N
+from . import _ir as ir
+from . import _numerics as numerics
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, Arg, Specialization
 
@@ -38,79 +38,81 @@ def store_output_block(output: str, out, out_aux, row_head, block, values) -> No
     """Store 32 fp32 ``values`` (elements ``32*block..`` of q-head row ``row_head``) as bf16,
     or as MXFP8 values plus their scale byte."""
     if output == "bf16":
-        words = [N.pack_bf16x2(values[i], values[i + 1]) for i in range(0, 32, 2)]
-        elem = I.add(I.mul(I.zext64(row_head), I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
-        at = I.mul(elem, I.ci64(2))
+        words = [numerics.pack_bf16x2(values[i], values[i + 1]) for i in range(0, 32, 2)]
+        elem = ir.add(ir.mul(ir.zext64(row_head), ir.ci64(128)), ir.mul(ir.zext64(block),
+                                                                        ir.ci64(32)))
+        at = ir.mul(elem, ir.ci64(2))
         for k in range(4):
-            chunk = I.from_elements(I.vec(4, I.i32()), words[4 * k : 4 * k + 4])
-            I.store(chunk, I.global_ptr(out), I.add(at, I.ci64(16 * k)), align=16)
+            chunk = ir.from_elements(ir.vec(4, ir.i32()), words[4 * k : 4 * k + 4])
+            ir.store(chunk, ir.global_ptr(out), ir.add(at, ir.ci64(16 * k)), align=16)
         return
-    rounded = [N.bf16_round_f32(v) for v in values]
-    words, byte = N.mxfp8_block(rounded)
-    at = I.add(I.mul(I.zext64(row_head), I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
+    rounded = [numerics.bf16_round_f32(v) for v in values]
+    words, byte = numerics.mxfp8_block(rounded)
+    at = ir.add(ir.mul(ir.zext64(row_head), ir.ci64(128)), ir.mul(ir.zext64(block), ir.ci64(32)))
     for k in range(2):
-        chunk = I.from_elements(I.vec(4, I.i32()), words[4 * k : 4 * k + 4])
-        I.store(chunk, I.global_ptr(out), I.add(at, I.ci64(16 * k)), align=16)
-    scale_at = I.add(I.mul(I.zext64(row_head), I.ci64(4)), I.zext64(block))
-    I.store(I.trunc8(byte), I.global_ptr(out_aux), scale_at, align=1)
+        chunk = ir.from_elements(ir.vec(4, ir.i32()), words[4 * k : 4 * k + 4])
+        ir.store(chunk, ir.global_ptr(out), ir.add(at, ir.ci64(16 * k)), align=16)
+    scale_at = ir.add(ir.mul(ir.zext64(row_head), ir.ci64(4)), ir.zext64(block))
+    ir.store(ir.trunc8(byte), ir.global_ptr(out_aux), scale_at, align=1)
 
 
 def _stats(a, r, part, head, group: int):
     """(m_p, l_p) of partition ``part``."""
-    idx = I.add(I.mul(I.add(I.mul(I.zext64(r), I.zext64(a.num_partitions)), I.zext64(part)),
-                      I.ci64(group)), I.zext64(head))
-    pair = I.load(I.vec(2, I.f32()), I.global_ptr(a.partial_stats), I.mul(idx, I.ci64(8)), align=8)
-    return I.extract(pair, 0), I.extract(pair, 1)
+    idx = ir.add(ir.mul(ir.add(ir.mul(ir.zext64(r), ir.zext64(a.num_partitions)), ir.zext64(part)),
+                        ir.ci64(group)), ir.zext64(head))
+    pair = ir.load(ir.vec(2, ir.f32()), ir.global_ptr(a.partial_stats), ir.mul(idx, ir.ci64(8)),
+                   align=8)
+    return ir.extract(pair, 0), ir.extract(pair, 1)
 
 
 def _partial_values(a, r, part, head, block, group: int) -> list:
-    idx = I.add(I.mul(I.add(I.mul(I.add(I.mul(I.zext64(r), I.zext64(a.num_partitions)),
-                                        I.zext64(part)), I.ci64(group)), I.zext64(head)),
-                      I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
+    idx = ir.add(ir.mul(ir.add(ir.mul(ir.add(ir.mul(ir.zext64(r), ir.zext64(a.num_partitions)),
+                                             ir.zext64(part)), ir.ci64(group)), ir.zext64(head)),
+                        ir.ci64(128)), ir.mul(ir.zext64(block), ir.ci64(32)))
     words = []
     for k in range(4):
-        chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.partial_out),
-                       I.add(I.mul(idx, I.ci64(2)), I.ci64(16 * k)), align=16)
-        words += [I.extract(chunk, e) for e in range(4)]
-    return N.bf16_words_to_f32(words)
+        chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.partial_out),
+                        ir.add(ir.mul(idx, ir.ci64(2)), ir.ci64(16 * k)), align=16)
+        words += [ir.extract(chunk, e) for e in range(4)]
+    return numerics.bf16_words_to_f32(words)
 
 
 def _body(spec: Specialization, a) -> None:
-    lane = I.thread_id()
-    r = I.block_id("x")
-    head, block = I.lshr(lane, I.ci32(2)), I.band(lane, I.ci32(3))
-    with I.when(I.lt(head, I.ci32(spec.group))):
+    lane = ir.thread_id()
+    r = ir.block_id("x")
+    head, block = ir.lshr(lane, ir.ci32(2)), ir.band(lane, ir.ci32(3))
+    with ir.when(ir.lt(head, ir.ci32(spec.group))):
         def find_max(p, carried):
             m, total = _stats(a, r, p, head, spec.group)
-            poisoned = I.select(I.is_nan(m), I.cf32(1.0), carried[1])  # SPEC §15.18
-            return [I.select(I.fgt(total, I.cf32(0.0)), I.fmax(carried[0], m), carried[0]),
+            poisoned = ir.select(ir.is_nan(m), ir.cf32(1.0), carried[1])  # SPEC §15.18
+            return [ir.select(ir.fgt(total, ir.cf32(0.0)), ir.fmax(carried[0], m), carried[0]),
                     poisoned]
 
-        top, poisoned = I.loop(I.ci32(0), a.num_partitions,
-                               [I.cf32(I.NEG_INF), I.cf32(0.0)], find_max)
+        top, poisoned = ir.loop(ir.ci32(0), a.num_partitions,
+                                [ir.cf32(ir.NEG_INF), ir.cf32(0.0)], find_max)
 
         def weight_of(p):
             m, total = _stats(a, r, p, head, spec.group)
-            return I.select(I.fgt(total, I.cf32(0.0)), I.fmul(I.exp2(I.fsub(m, top)), total),
-                            I.cf32(0.0))
+            return ir.select(ir.fgt(total, ir.cf32(0.0)), ir.fmul(ir.exp2(ir.fsub(m, top)), total),
+                             ir.cf32(0.0))
 
-        (total,) = I.loop(I.ci32(0), a.num_partitions, [I.cf32(0.0)],
-                          lambda p, carried: [I.fadd(carried[0], weight_of(p))])
+        (total,) = ir.loop(ir.ci32(0), a.num_partitions, [ir.cf32(0.0)],
+                           lambda p, carried: [ir.fadd(carried[0], weight_of(p))])
         # Weights normalized before the sum (as the Triton reduce kernel does): w_p * o_p
         # with l_p up to the page count would overflow fp32 for partials near bf16's max.
-        nonzero = I.fgt(total, I.cf32(0.0))
-        inverse = I.select(nonzero, I.fdiv(I.cf32(1.0), I.select(nonzero, total, I.cf32(1.0))),
-                           I.cf32(0.0))
+        nonzero = ir.fgt(total, ir.cf32(0.0))
+        inverse = ir.select(nonzero, ir.fdiv(ir.cf32(1.0), ir.select(nonzero, total, ir.cf32(1.0))),
+                            ir.cf32(0.0))
 
         def accumulate(p, carried):
-            weight = I.fmul(weight_of(p), inverse)
+            weight = ir.fmul(weight_of(p), inverse)
             values = _partial_values(a, r, p, head, block, spec.group)
-            return [I.fadd(x, I.fmul(weight, v)) for x, v in zip(carried, values, strict=True)]
+            return [ir.fadd(x, ir.fmul(weight, v)) for x, v in zip(carried, values, strict=True)]
 
-        values = I.loop(I.ci32(0), a.num_partitions, [I.cf32(0.0)] * 32, accumulate)
-        nan = I.fgt(poisoned, I.cf32(0.0))
-        values = [I.select(nan, I.cf32(float("nan")), v) for v in values]
-        row_head = I.add(I.mul(r, I.ci32(spec.group)), head)
+        values = ir.loop(ir.ci32(0), a.num_partitions, [ir.cf32(0.0)] * 32, accumulate)
+        nan = ir.fgt(poisoned, ir.cf32(0.0))
+        values = [ir.select(nan, ir.cf32(float("nan")), v) for v in values]
+        row_head = ir.add(ir.mul(r, ir.ci32(spec.group)), head)
         store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
 
 

@@ -37,9 +37,9 @@ from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.scaling import folded_score_scale
 
-from . import _ir as I
+from . import _ir as ir
 from . import _launch
-from . import _numerics as N
+from . import _numerics as numerics
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, BLOCKS_PER_WAVE, TILINGS, Arg, Specialization, index_scores_tile
 from .code_object import code_object
@@ -75,186 +75,189 @@ class _Geometry:
         self.threads_per_page = THREADS // self.block_waves
 
 
-def _lane_setup(g: _Geometry, a) -> I.LaneContext:
-    c = I.lane_context()
-    c.col_tile = I.srem(c.wave, I.ci32(g.col_tiles))
-    c.bwave = I.sdiv(c.wave, I.ci32(g.col_tiles))
-    c.row0 = I.mul(I.block_id("x"), I.ci32(g.rows))
-    c.jstep = I.mul(I.block_id("y"), I.ci32(g.blocks))
-    c.head = I.srem(c.col, I.ci32(g.heads))
-    local = I.add(I.mul(c.col_tile, I.ci32(g.rows_per_tile)), I.sdiv(c.col, I.ci32(g.heads)))
-    c.t = I.add(c.row0, local)
-    c.t_ok = I.lt(c.t, a.num_rows)
-    c.t_safe = I.select(c.t_ok, c.t, I.ci32(0))
+def _lane_setup(g: _Geometry, a) -> ir.LaneContext:
+    c = ir.lane_context()
+    c.col_tile = ir.srem(c.wave, ir.ci32(g.col_tiles))
+    c.bwave = ir.sdiv(c.wave, ir.ci32(g.col_tiles))
+    c.row0 = ir.mul(ir.block_id("x"), ir.ci32(g.rows))
+    c.jstep = ir.mul(ir.block_id("y"), ir.ci32(g.blocks))
+    c.head = ir.srem(c.col, ir.ci32(g.heads))
+    local = ir.add(ir.mul(c.col_tile, ir.ci32(g.rows_per_tile)), ir.sdiv(c.col, ir.ci32(g.heads)))
+    c.t = ir.add(c.row0, local)
+    c.t_ok = ir.lt(c.t, a.num_rows)
+    c.t_safe = ir.select(c.t_ok, c.t, ir.ci32(0))
     pos = _load_i32(a.positions, c.t_safe)
     req = _load_i32(a.requests, c.t_safe)
-    live = I.land(c.t_ok, I.land(I.ge(pos, I.ci32(0)),
-                                 I.land(I.ge(req, I.ci32(0)), I.lt(req, a.num_requests))))
+    live = ir.land(c.t_ok, ir.land(ir.ge(pos, ir.ci32(0)),
+                                   ir.land(ir.ge(req, ir.ci32(0)), ir.lt(req, a.num_requests))))
     c.pos = pos
-    c.key = I.select(live, req, I.ci32(-1))
-    c.dead = I.land(c.t_ok, I.lnot(live))
+    c.key = ir.select(live, req, ir.ci32(-1))
+    c.dead = ir.land(c.t_ok, ir.lnot(live))
     return c
 
 
 def _load_i32(arg, index):
-    return I.load(I.i32(), I.global_ptr(arg), I.mul(I.zext64(index), I.ci64(4)), align=4)
+    return ir.load(ir.i32(), ir.global_ptr(arg), ir.mul(ir.zext64(index), ir.ci64(4)), align=4)
 
 
 def _row_key(a, t):
     """(request if row ``t`` is live else -1, position), uniform scalars of row ``t``."""
-    ok = I.lt(t, a.num_rows)
-    t_safe = I.select(ok, t, I.ci32(0))
-    pos = I.uniform(_load_i32(a.positions, t_safe))
-    req = I.uniform(_load_i32(a.requests, t_safe))
-    live = I.land(ok, I.land(I.ge(pos, I.ci32(0)),
-                             I.land(I.ge(req, I.ci32(0)), I.lt(req, a.num_requests))))
-    return I.select(live, req, I.ci32(-1)), I.select(live, pos, I.ci32(-1))
+    ok = ir.lt(t, a.num_rows)
+    t_safe = ir.select(ok, t, ir.ci32(0))
+    pos = ir.uniform(_load_i32(a.positions, t_safe))
+    req = ir.uniform(_load_i32(a.requests, t_safe))
+    live = ir.land(ok, ir.land(ir.ge(pos, ir.ci32(0)),
+                               ir.land(ir.ge(req, ir.ci32(0)), ir.lt(req, a.num_requests))))
+    return ir.select(live, req, ir.ci32(-1)), ir.select(live, pos, ir.ci32(-1))
 
 
-def _max_position(g: _Geometry, a, c: I.LaneContext):
+def _max_position(g: _Geometry, a, c: ir.LaneContext):
     """Largest live position among the workgroup's rows (-1 if none), uniform."""
     def body(r, carried):
-        _, pos = _row_key(a, I.add(c.row0, r))
-        return [I.smax(carried[0], pos)]
+        _, pos = _row_key(a, ir.add(c.row0, r))
+        return [ir.smax(carried[0], pos)]
 
-    return I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-1)], body)[0]
+    return ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-1)], body)[0]
 
 
-def _query_operand(g: _Geometry, a, c: I.LaneContext):
+def _query_operand(g: _Geometry, a, c: ir.LaneContext):
     """This lane's e4m3 B operand: column (t, h), K elements 16g..16g+15 then 64+16g..+15."""
-    elem = I.mul(I.add(I.mul(I.zext64(c.t_safe), I.ci64(g.heads)), I.zext64(c.head)), I.ci64(128))
-    first = I.zext64(I.mul(c.grp, I.ci32(16)))
+    elem = ir.mul(ir.add(ir.mul(ir.zext64(c.t_safe), ir.ci64(g.heads)), ir.zext64(c.head)),
+                  ir.ci64(128))
+    first = ir.zext64(ir.mul(c.grp, ir.ci32(16)))
     words = []
     for half in range(2):
-        start = I.add(elem, I.add(first, I.ci64(64 * half)))
+        start = ir.add(elem, ir.add(first, ir.ci64(64 * half)))
         if g.q == "e4m3":
-            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), start, align=16)
-            words += [I.extract(chunk, e) for e in range(4)]
+            chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q), start, align=16)
+            words += [ir.extract(chunk, e) for e in range(4)]
         else:
             bf = []
             for k in range(2):
-                at = I.add(I.mul(start, I.ci64(2)), I.ci64(16 * k))
-                chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), at, align=16)
-                bf += [I.extract(chunk, e) for e in range(4)]
-            words += N.pack_e4m3(N.bf16_words_to_f32(bf))
-    return I.from_elements(I.vec(8, I.i32()), words)
+                at = ir.add(ir.mul(start, ir.ci64(2)), ir.ci64(16 * k))
+                chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q), at, align=16)
+                bf += [ir.extract(chunk, e) for e in range(4)]
+            words += numerics.pack_e4m3(numerics.bf16_words_to_f32(bf))
+    return ir.from_elements(ir.vec(8, ir.i32()), words)
 
 
 def _page_of(a, key, j):
     """(page id, page usable) of block ``j`` of request ``key`` (uniform)."""
-    inside = I.lt(j, a.num_blocks)
-    column = I.zext64(I.select(inside, j, I.ci32(0)))
-    at = I.add(I.mul(I.zext64(key), I.zext64(a.table_width)), column)
-    page = I.uniform(I.load(I.i32(), I.global_ptr(a.block_table), I.mul(at, I.ci64(4)), align=4))
-    ok = I.land(inside, I.land(I.ge(page, I.ci32(0)), I.lt(page, a.num_pages)))
+    inside = ir.lt(j, a.num_blocks)
+    column = ir.zext64(ir.select(inside, j, ir.ci32(0)))
+    at = ir.add(ir.mul(ir.zext64(key), ir.zext64(a.table_width)), column)
+    page = ir.uniform(ir.load(ir.i32(), ir.global_ptr(a.block_table), ir.mul(at, ir.ci64(4)),
+                              align=4))
+    ok = ir.land(inside, ir.land(ir.ge(page, ir.ci32(0)), ir.lt(page, a.num_pages)))
     return page, ok
 
 
-def _stage_pages(g: _Geometry, a, c: I.LaneContext, lds, key, u, maxpos) -> None:
+def _stage_pages(g: _Geometry, a, c: ir.LaneContext, lds, key, u, maxpos) -> None:
     """Copy this sub-step's pages (one per block wave) into LDS, MXFP4 as stored."""
-    slot = I.sdiv(c.tid, I.ci32(g.threads_per_page))
-    local = I.srem(c.tid, I.ci32(g.threads_per_page))
-    j = I.add(c.jstep, I.add(I.mul(I.uniform(slot), I.ci32(BLOCKS_PER_WAVE)), I.ci32(u)))
+    slot = ir.sdiv(c.tid, ir.ci32(g.threads_per_page))
+    local = ir.srem(c.tid, ir.ci32(g.threads_per_page))
+    j = ir.add(c.jstep, ir.add(ir.mul(ir.uniform(slot), ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
     page, ok = _page_of(a, key, j)
-    wanted = I.land(ok, I.le(I.mul(j, I.ci32(128)), maxpos))
-    with I.when(wanted):
-        base = I.mul(I.zext64(page), I.ci64(PAGE_BYTES))
-        lds_base = I.mul(slot, I.ci32(PAGE_BYTES))
+    wanted = ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))
+    with ir.when(wanted):
+        base = ir.mul(ir.zext64(page), ir.ci64(PAGE_BYTES))
+        lds_base = ir.mul(slot, ir.ci32(PAGE_BYTES))
         for k in range(-(-PAGE_CHUNKS // g.threads_per_page)):
-            chunk = I.add(local, I.ci32(k * g.threads_per_page))
-            in_page = I.lt(chunk, I.ci32(PAGE_CHUNKS))
+            chunk = ir.add(local, ir.ci32(k * g.threads_per_page))
+            in_page = ir.lt(chunk, ir.ci32(PAGE_CHUNKS))
             if (k + 1) * g.threads_per_page <= PAGE_CHUNKS:
                 _copy_chunk(a, lds, base, lds_base, chunk)
             else:
-                with I.when(in_page):
+                with ir.when(in_page):
                     _copy_chunk(a, lds, base, lds_base, chunk)
 
 
 def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
-    offset = I.mul(chunk, I.ci32(16))
-    data = I.load(I.vec(4, I.i32()), I.global_ptr(a.index_pool), I.add(base, I.zext64(offset)),
-                  align=16)
-    I.store(data, lds, I.add(lds_base, offset), align=16)
+    offset = ir.mul(chunk, ir.ci32(16))
+    data = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.index_pool), ir.add(base,
+                                                                            ir.zext64(offset)),
+                   align=16)
+    ir.store(data, lds, ir.add(lds_base, offset), align=16)
 
 
-def _score_block(lds, c: I.LaneContext, b_operand, owned, page_ok, j):
+def _score_block(lds, c: ir.LaneContext, b_operand, owned, page_ok, j):
     """Max over the page's live tokens of this lane's column, reduced over the lane groups;
     NaN when a live token's logit is not finite (a NaN key scale, a NaN query, an overflow:
     SPEC §15.18), tracked explicitly (``fmax`` drops NaN)."""
-    slot_base = I.mul(c.bwave, I.ci32(PAGE_BYTES))
-    best = I.cf32(I.NEG_INF)
-    poisoned = I.cf32(0.0)
-    limit = I.sub(c.pos, I.mul(j, I.ci32(128)))  # token k is live iff k <= limit
-    usable = I.land(owned, page_ok)
+    slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
+    best = ir.cf32(ir.NEG_INF)
+    poisoned = ir.cf32(0.0)
+    limit = ir.sub(c.pos, ir.mul(j, ir.ci32(128)))  # token k is live iff k <= limit
+    usable = ir.land(owned, page_ok)
     for m in range(8):
-        token = I.add(I.ci32(16 * m), c.col)
-        data_at = I.add(slot_base, I.add(I.mul(token, I.ci32(64)), I.mul(c.grp, I.ci32(16))))
-        a4 = I.load(I.vec(4, I.i32()), lds, data_at, align=16)
-        scale_at = I.add(slot_base, I.add(I.ci32(SCALE_OFFSET),
-                                          I.add(I.mul(token, I.ci32(4)), c.grp)))
-        scale = I.zext32(I.load(I.i8(), lds, scale_at, align=1))
-        d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
-                                   fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
-                                   scale_a=scale, scale_b=I.ci32(127))
-        nan_keys = I.nan_scale_tokens(scale, c)
+        token = ir.add(ir.ci32(16 * m), c.col)
+        data_at = ir.add(slot_base, ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp, ir.ci32(16))))
+        a4 = ir.load(ir.vec(4, ir.i32()), lds, data_at, align=16)
+        scale_at = ir.add(slot_base, ir.add(ir.ci32(SCALE_OFFSET),
+                                            ir.add(ir.mul(token, ir.ci32(4)), c.grp)))
+        scale = ir.zext32(ir.load(ir.i8(), lds, scale_at, align=1))
+        d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
+                                    fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
+                                    scale_a=scale, scale_b=ir.ci32(127))
+        nan_keys = ir.nan_scale_tokens(scale, c)
         for v in range(4):
-            k = I.add(I.ci32(16 * m + v), I.mul(c.grp, I.ci32(4)))
-            live = I.land(usable, I.le(k, limit))
-            logit = I.extract(d, v)
-            best = I.fmax(best, I.select(live, logit, I.cf32(I.NEG_INF)))
-            bad = I.land(live, I.lor(I.not_finite(logit), nan_keys[v]))
-            poisoned = I.select(bad, I.cf32(1.0), poisoned)
-    best = I.fmax(best, I.lane_xor_f32(best, c.lane, 16))
-    best = I.fmax(best, I.lane_xor_f32(best, c.lane, 32))
-    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 16))
-    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 32))
-    return I.select(I.fgt(poisoned, I.cf32(0.0)), I.cf32(float("nan")), best)
+            k = ir.add(ir.ci32(16 * m + v), ir.mul(c.grp, ir.ci32(4)))
+            live = ir.land(usable, ir.le(k, limit))
+            logit = ir.extract(d, v)
+            best = ir.fmax(best, ir.select(live, logit, ir.cf32(ir.NEG_INF)))
+            bad = ir.land(live, ir.lor(ir.not_finite(logit), nan_keys[v]))
+            poisoned = ir.select(bad, ir.cf32(1.0), poisoned)
+    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 16))
+    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 32))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 16))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 32))
+    return ir.select(ir.fgt(poisoned, ir.cf32(0.0)), ir.cf32(float("nan")), best)
 
 
-def _store_scores(g: _Geometry, a, c: I.LaneContext, values, mask) -> None:
+def _store_scores(g: _Geometry, a, c: ir.LaneContext, values, mask) -> None:
     """Lane (g, i) stores ``values[g]`` for block ``jstep + 4*bwave + g`` of its column."""
     value = values[0]
     for k in range(1, BLOCKS_PER_WAVE):
-        value = I.select(I.eq(c.grp, I.ci32(k)), values[k], value)
-    j = I.add(c.jstep, I.add(I.mul(c.bwave, I.ci32(BLOCKS_PER_WAVE)), c.grp))
-    with I.when(I.land(mask, I.lt(j, a.num_blocks))):
-        row = I.add(I.mul(I.zext64(c.head), I.zext64(a.num_rows)), I.zext64(c.t))
-        at = I.add(I.mul(row, I.zext64(a.num_blocks)), I.zext64(j))
-        I.store(value, I.global_ptr(a.out), I.mul(at, I.ci64(4)), align=4)
+        value = ir.select(ir.eq(c.grp, ir.ci32(k)), values[k], value)
+    j = ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), c.grp))
+    with ir.when(ir.land(mask, ir.lt(j, a.num_blocks))):
+        row = ir.add(ir.mul(ir.zext64(c.head), ir.zext64(a.num_rows)), ir.zext64(c.t))
+        at = ir.add(ir.mul(row, ir.zext64(a.num_blocks)), ir.zext64(j))
+        ir.store(value, ir.global_ptr(a.out), ir.mul(at, ir.ci64(4)), align=4)
 
 
-def _segment(g: _Geometry, a, c: I.LaneContext, lds, b_operand, key, maxpos) -> None:
+def _segment(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
     """Score every block of this step for the columns of request ``key``."""
-    owned = I.eq(c.key, key)
+    owned = ir.eq(c.key, key)
     maxima = []
     for u in range(BLOCKS_PER_WAVE):
         _stage_pages(g, a, c, lds, key, u, maxpos)
-        I.barrier()
-        j = I.add(c.jstep, I.add(I.mul(c.bwave, I.ci32(BLOCKS_PER_WAVE)), I.ci32(u)))
+        ir.barrier()
+        j = ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
         _, page_ok = _page_of(a, key, j)
         best = _score_block(lds, c, b_operand, owned, page_ok, j)
-        maxima.append(I.fmul(best, a.score_scale))
-        I.barrier()
+        maxima.append(ir.fmul(best, a.score_scale))
+        ir.barrier()
     _store_scores(g, a, c, maxima, owned)
 
 
 def _body(g: _Geometry, a) -> None:
-    lds = I.lds_alloc(g.block_waves * PAGE_BYTES)
+    lds = ir.lds_alloc(g.block_waves * PAGE_BYTES)
     c = _lane_setup(g, a)
     maxpos = _max_position(g, a, c)
-    reach = I.le(I.mul(c.jstep, I.ci32(128)), maxpos)
-    neg = [I.cf32(I.NEG_INF)] * BLOCKS_PER_WAVE
-    _store_scores(g, a, c, neg, I.land(c.t_ok, I.lor(c.dead, I.lnot(reach))))
-    with I.when(reach):
+    reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
+    neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
+    _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
+    with ir.when(reach):
         b_operand = _query_operand(g, a, c)
 
         def row(r, carried):
-            key, _ = _row_key(a, I.add(c.row0, r))
-            with I.when(I.land(I.ge(key, I.ci32(0)), I.ne(key, carried[0]))):
+            key, _ = _row_key(a, ir.add(c.row0, r))
+            with ir.when(ir.land(ir.ge(key, ir.ci32(0)), ir.ne(key, carried[0]))):
                 _segment(g, a, c, lds, b_operand, key, maxpos)
             return [key]
 
-        I.loop(I.ci32(0), I.ci32(g.rows), [I.ci32(-2)], row)
+        ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-2)], row)
 
 
 def build(spec: Specialization):

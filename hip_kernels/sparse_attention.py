@@ -46,9 +46,9 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.plans import attention_splits
 from jax_mxfp4.scaling import FLT_MIN
 
-from . import _ir as I
+from . import _ir as ir
 from . import _launch
-from . import _numerics as N
+from . import _numerics as numerics
 from ._ir import rocdl
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, Arg, Specialization
@@ -82,144 +82,151 @@ P_PRESCALE = 2.0**-12
 LOG2E = 1.4426950408889634
 
 
-def _setup(spec: Specialization, a) -> I.LaneContext:
-    c = I.lane_context()
-    c.row = I.block_id("x")
-    c.part = I.block_id("y")
-    c.head = I.srem(c.row, a.num_kv_heads)
-    capacity = I.mul(a.pages_per_row, I.ci32(128))
-    ctx = I.uniform(I.load(I.i32(), I.global_ptr(a.context_lens), I.mul(I.zext64(c.row), I.ci64(4)),
-                           align=4))
-    c.ctx = I.smin(I.smax(ctx, I.ci32(0)), capacity)
-    needed = I.lshr(I.add(c.ctx, I.ci32(127)), I.ci32(7))
-    per_part = I.ceil_div(a.pages_per_row, a.num_partitions)
-    c.first = I.mul(c.part, per_part)
-    c.last = I.smin(I.add(c.first, per_part), needed)
+def _setup(spec: Specialization, a) -> ir.LaneContext:
+    c = ir.lane_context()
+    c.row = ir.block_id("x")
+    c.part = ir.block_id("y")
+    c.head = ir.srem(c.row, a.num_kv_heads)
+    capacity = ir.mul(a.pages_per_row, ir.ci32(128))
+    ctx = ir.uniform(ir.load(ir.i32(), ir.global_ptr(a.context_lens), ir.mul(ir.zext64(c.row),
+                                                                             ir.ci64(4)),
+                             align=4))
+    c.ctx = ir.smin(ir.smax(ctx, ir.ci32(0)), capacity)
+    needed = ir.lshr(ir.add(c.ctx, ir.ci32(127)), ir.ci32(7))
+    per_part = ir.ceil_div(a.pages_per_row, a.num_partitions)
+    c.first = ir.mul(c.part, per_part)
+    c.last = ir.smin(ir.add(c.first, per_part), needed)
     return c
 
 
-def _query(spec: Specialization, a, c: I.LaneContext):
+def _query(spec: Specialization, a, c: ir.LaneContext):
     """(B operand vector<8xi32>, B scale byte, per-column logit factor) of this lane."""
-    qhead = I.select(I.lt(c.col, I.ci32(spec.group)), c.col, I.ci32(0))
-    elem = I.mul(I.add(I.mul(I.zext64(c.row), I.ci64(spec.group)), I.zext64(qhead)), I.ci64(128))
-    first = I.zext64(I.mul(c.grp, I.ci32(16)))
-    base_factor = I.fmul(a.sm_scale, I.cf32(LOG2E))
+    qhead = ir.select(ir.lt(c.col, ir.ci32(spec.group)), c.col, ir.ci32(0))
+    elem = ir.mul(ir.add(ir.mul(ir.zext64(c.row), ir.ci64(spec.group)), ir.zext64(qhead)),
+                  ir.ci64(128))
+    first = ir.zext64(ir.mul(c.grp, ir.ci32(16)))
+    base_factor = ir.fmul(a.sm_scale, ir.cf32(LOG2E))
     if spec.q == "e4m3":
         words = []
         for half in range(2):
-            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q),
-                           I.add(elem, I.add(first, I.ci64(64 * half))), align=16)
-            words += [I.extract(chunk, e) for e in range(4)]
-        return I.from_elements(I.vec(8, I.i32()), words), I.ci32(127), base_factor
+            chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q),
+                            ir.add(elem, ir.add(first, ir.ci64(64 * half))), align=16)
+            words += [ir.extract(chunk, e) for e in range(4)]
+        return ir.from_elements(ir.vec(8, ir.i32()), words), ir.ci32(127), base_factor
     bf = []
     for half in range(2):
-        start = I.mul(I.add(elem, I.add(first, I.ci64(64 * half))), I.ci64(2))
+        start = ir.mul(ir.add(elem, ir.add(first, ir.ci64(64 * half))), ir.ci64(2))
         for k in range(2):
-            chunk = I.load(I.vec(4, I.i32()), I.global_ptr(a.q), I.add(start, I.ci64(16 * k)),
-                           align=16)
-            bf += [I.extract(chunk, e) for e in range(4)]
-    values = N.bf16_words_to_f32(bf)
-    amax = I.ci32(0)
+            chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q), ir.add(start, ir.ci64(16 * k)),
+                            align=16)
+            bf += [ir.extract(chunk, e) for e in range(4)]
+    values = numerics.bf16_words_to_f32(bf)
+    amax = ir.ci32(0)
     for v in values:
-        amax = I.umax(amax, I.band(I.f32_bits(v), I.ci32(0x7FFFFFFF)))
-    amax = I.f32_from_bits(amax)
-    amax = I.fmax(amax, I.lane_xor_f32(amax, c.lane, 16))
-    amax = I.fmax(amax, I.lane_xor_f32(amax, c.lane, 32))
-    q_scale = I.fmax(I.fdiv(amax, I.cf32(N.E4M3_MAX)), I.cf32(FLT_MIN))
-    words = N.pack_e4m3([I.fdiv(v, q_scale) for v in values])
-    bits = I.f32_bits(q_scale)
-    byte = I.band(I.lshr(bits, I.ci32(23)), I.ci32(0xFF))
-    mantissa = I.f32_from_bits(I.bor(I.band(bits, I.ci32(0x7FFFFF)), I.ci32(0x3F800000)))
-    return I.from_elements(I.vec(8, I.i32()), words), byte, I.fmul(mantissa, base_factor)
+        amax = ir.umax(amax, ir.band(ir.f32_bits(v), ir.ci32(0x7FFFFFFF)))
+    amax = ir.f32_from_bits(amax)
+    amax = ir.fmax(amax, ir.lane_xor_f32(amax, c.lane, 16))
+    amax = ir.fmax(amax, ir.lane_xor_f32(amax, c.lane, 32))
+    q_scale = ir.fmax(ir.fdiv(amax, ir.cf32(numerics.E4M3_MAX)), ir.cf32(FLT_MIN))
+    words = numerics.pack_e4m3([ir.fdiv(v, q_scale) for v in values])
+    bits = ir.f32_bits(q_scale)
+    byte = ir.band(ir.lshr(bits, ir.ci32(23)), ir.ci32(0xFF))
+    mantissa = ir.f32_from_bits(ir.bor(ir.band(bits, ir.ci32(0x7FFFFF)), ir.ci32(0x3F800000)))
+    return ir.from_elements(ir.vec(8, ir.i32()), words), byte, ir.fmul(mantissa, base_factor)
 
 
-def _page(a, c: I.LaneContext, k):
+def _page(a, c: ir.LaneContext, k):
     """(byte offset of the (page, kv head) in the pools, page usable) of page slot ``k``."""
-    at = I.add(I.mul(I.zext64(c.row), I.zext64(a.pages_per_row)), I.zext64(k))
-    page = I.uniform(I.load(I.i32(), I.global_ptr(a.page_table), I.mul(at, I.ci64(4)), align=4))
-    ok = I.land(I.ge(page, I.ci32(0)), I.lt(page, a.num_pages))
-    safe = I.select(ok, page, I.ci32(0))
-    base = I.mul(I.add(I.mul(I.zext64(safe), I.zext64(a.num_kv_heads)), I.zext64(c.head)),
-                 I.ci64(PAGE_BYTES))
+    at = ir.add(ir.mul(ir.zext64(c.row), ir.zext64(a.pages_per_row)), ir.zext64(k))
+    page = ir.uniform(ir.load(ir.i32(), ir.global_ptr(a.page_table), ir.mul(at, ir.ci64(4)),
+                              align=4))
+    ok = ir.land(ir.ge(page, ir.ci32(0)), ir.lt(page, a.num_pages))
+    safe = ir.select(ok, page, ir.ci32(0))
+    base = ir.mul(ir.add(ir.mul(ir.zext64(safe), ir.zext64(a.num_kv_heads)), ir.zext64(c.head)),
+                  ir.ci64(PAGE_BYTES))
     return base, ok
 
 
-def _scores(a, c: I.LaneContext, q, base, ok, k, half, poisoned) -> tuple:
+def _scores(a, c: ir.LaneContext, q, base, ok, k, half, poisoned) -> tuple:
     """Base-2 scores of this lane over half page ``half`` (64 tokens): 4 tiles x 4 tokens
     (``16m + 4g + v``, m = 4*half .. 4*half+3) for q head ``col``, and ``poisoned`` (f32
     0/1) updated for a live score that is not finite or a live token with NaN keys."""
     b_operand, b_scale, factor = q
-    limit = I.select(ok, I.sub(c.ctx, I.mul(k, I.ci32(128))), I.ci32(0))  # live iff token < limit
+    limit = ir.select(ok, ir.sub(c.ctx, ir.mul(k, ir.ci32(128))),
+                      ir.ci32(0))  # live iff token < limit
     out = []
     for tile in range(4):
-        m = I.add(I.mul(half, I.ci32(4)), I.ci32(tile))
-        token = I.add(I.mul(m, I.ci32(16)), c.col)
-        data_at = I.add(base, I.zext64(I.add(I.mul(token, I.ci32(64)), I.mul(c.grp, I.ci32(16)))))
-        a4 = I.load(I.vec(4, I.i32()), I.global_ptr(a.k_pool), data_at, align=16)
-        scale_at = I.add(base, I.zext64(I.add(I.ci32(SCALE_OFFSET),
-                                              I.add(I.mul(token, I.ci32(4)), c.grp))))
-        a_scale = I.zext32(I.load(I.i8(), I.global_ptr(a.k_pool), scale_at, align=1))
-        d = I.mfma_scale_16x16x128(I.widen_to_8_dwords(a4), b_operand, I.zeros_f32x4(),
-                                   fmt_a=I.FMT_FP4_E2M1, fmt_b=I.FMT_FP8_E4M3,
-                                   scale_a=a_scale, scale_b=b_scale)
-        nan_keys = I.nan_scale_tokens(a_scale, c)
+        m = ir.add(ir.mul(half, ir.ci32(4)), ir.ci32(tile))
+        token = ir.add(ir.mul(m, ir.ci32(16)), c.col)
+        data_at = ir.add(base, ir.zext64(ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp,
+                                                                                   ir.ci32(16)))))
+        a4 = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.k_pool), data_at, align=16)
+        scale_at = ir.add(base, ir.zext64(ir.add(ir.ci32(SCALE_OFFSET),
+                                                 ir.add(ir.mul(token, ir.ci32(4)), c.grp))))
+        a_scale = ir.zext32(ir.load(ir.i8(), ir.global_ptr(a.k_pool), scale_at, align=1))
+        d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
+                                    fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
+                                    scale_a=a_scale, scale_b=b_scale)
+        nan_keys = ir.nan_scale_tokens(a_scale, c)
         for v in range(4):
-            tok = I.add(I.add(I.mul(m, I.ci32(16)), I.ci32(v)), I.mul(c.grp, I.ci32(4)))
-            dot = I.extract(d, v)
-            s = I.fmul(dot, factor)
-            live = I.lt(tok, limit)
-            bad = I.lor(I.lor(I.not_finite(dot), I.not_finite(s)), nan_keys[v])
-            poisoned = I.select(I.land(live, bad), I.cf32(1.0), poisoned)
-            out.append(I.select(live, s, I.cf32(I.NEG_INF)))
+            tok = ir.add(ir.add(ir.mul(m, ir.ci32(16)), ir.ci32(v)), ir.mul(c.grp, ir.ci32(4)))
+            dot = ir.extract(d, v)
+            s = ir.fmul(dot, factor)
+            live = ir.lt(tok, limit)
+            bad = ir.lor(ir.lor(ir.not_finite(dot), ir.not_finite(s)), nan_keys[v])
+            poisoned = ir.select(ir.land(live, bad), ir.cf32(1.0), poisoned)
+            out.append(ir.select(live, s, ir.cf32(ir.NEG_INF)))
     return out, poisoned
 
 
-def _stage_v(a, c: I.LaneContext, lds_wave, base, ok, k, step) -> None:
+def _stage_v(a, c: ir.LaneContext, lds_wave, base, ok, k, step) -> None:
     """Widen 32 tokens of V (step ``step``) to bf16 and store them transposed in LDS: lane
     (quad, dgroup) handles tokens ``4*quad .. +3`` and dims ``16*dgroup .. +15``, two tokens at
     a time (one 32-bit LDS word per dim)."""
-    quad, dgroup = I.band(c.lane, I.ci32(7)), I.lshr(c.lane, I.ci32(3))
-    limit = I.select(ok, I.sub(c.ctx, I.mul(k, I.ci32(128))), I.ci32(0))
+    quad, dgroup = ir.band(c.lane, ir.ci32(7)), ir.lshr(c.lane, ir.ci32(3))
+    limit = ir.select(ok, ir.sub(c.ctx, ir.mul(k, ir.ci32(128))), ir.ci32(0))
     for pair in range(2):
         columns = []
         for s in range(2 * pair, 2 * pair + 2):
-            tok = I.add(I.add(I.mul(step, I.ci32(32)), I.ci32(s)), I.mul(quad, I.ci32(4)))
-            data_at = I.add(base, I.zext64(I.add(I.mul(tok, I.ci32(64)), I.mul(dgroup, I.ci32(8)))))
-            words = I.load(I.vec(2, I.i32()), I.global_ptr(a.v_pool), data_at, align=8)
-            scale_at = I.add(base, I.zext64(I.add(I.ci32(SCALE_OFFSET), I.add(
-                I.mul(tok, I.ci32(4)), I.lshr(dgroup, I.ci32(1))))))
-            byte = I.zext32(I.load(I.i8(), I.global_ptr(a.v_pool), scale_at, align=1))
-            scale = I.select(I.lt(tok, limit), I.e8m0_to_f32(byte), I.cf32(0.0))
-            vals = N.e2m1_word_to_f32(I.extract(words, 0)) + N.e2m1_word_to_f32(I.extract(words, 1))
-            columns.append([I.lshr(I.f32_bits(I.fmul(v, scale)), I.ci32(16)) for v in vals])
+            tok = ir.add(ir.add(ir.mul(step, ir.ci32(32)), ir.ci32(s)), ir.mul(quad, ir.ci32(4)))
+            data_at = ir.add(base, ir.zext64(ir.add(ir.mul(tok, ir.ci32(64)), ir.mul(dgroup,
+                                                                                     ir.ci32(8)))))
+            words = ir.load(ir.vec(2, ir.i32()), ir.global_ptr(a.v_pool), data_at, align=8)
+            scale_at = ir.add(base, ir.zext64(ir.add(ir.ci32(SCALE_OFFSET), ir.add(
+                ir.mul(tok, ir.ci32(4)), ir.lshr(dgroup, ir.ci32(1))))))
+            byte = ir.zext32(ir.load(ir.i8(), ir.global_ptr(a.v_pool), scale_at, align=1))
+            scale = ir.select(ir.lt(tok, limit), ir.e8m0_to_f32(byte), ir.cf32(0.0))
+            vals = (numerics.e2m1_word_to_f32(ir.extract(words, 0))
+                    + numerics.e2m1_word_to_f32(ir.extract(words, 1)))
+            columns.append([ir.lshr(ir.f32_bits(ir.fmul(v, scale)), ir.ci32(16)) for v in vals])
         for e in range(16):
-            word = I.bor(columns[0][e], I.shl(columns[1][e], I.ci32(16)))
-            at = I.add(I.mul(I.add(I.mul(dgroup, I.ci32(16)), I.ci32(e)), I.ci32(VT_ROW)),
-                       I.add(I.mul(quad, I.ci32(8)), I.ci32(4 * pair)))
-            I.store(word, lds_wave, at, align=4)
+            word = ir.bor(columns[0][e], ir.shl(columns[1][e], ir.ci32(16)))
+            at = ir.add(ir.mul(ir.add(ir.mul(dgroup, ir.ci32(16)), ir.ci32(e)), ir.ci32(VT_ROW)),
+                        ir.add(ir.mul(quad, ir.ci32(8)), ir.ci32(4 * pair)))
+            ir.store(word, lds_wave, at, align=4)
     rocdl.s_waitcnt(lgkmcnt=0)
 
 
-def _pv_step(c: I.LaneContext, lds_wave, a_operand, acc: list) -> list:
+def _pv_step(c: ir.LaneContext, lds_wave, a_operand, acc: list) -> list:
     """O += P[:, 32 tokens] x V[32 tokens, 128 dims] (8 bf16 MFMAs)."""
     out = []
     for dt in range(8):
-        row = I.add(I.ci32(16 * dt), c.col)
-        at = I.add(I.mul(row, I.ci32(VT_ROW)), I.mul(c.grp, I.ci32(8)))
-        lo = I.load(I.vec(2, I.i32()), lds_wave, at, align=8)
-        hi = I.load(I.vec(2, I.i32()), lds_wave, I.add(at, I.ci32(32)), align=8)
-        b_operand = I.vbitcast(I.vec(8, I.bf16()), I.concat(lo, hi))
-        out.append(I.mfma_bf16_16x16x32(a_operand, b_operand, acc[dt]))
+        row = ir.add(ir.ci32(16 * dt), c.col)
+        at = ir.add(ir.mul(row, ir.ci32(VT_ROW)), ir.mul(c.grp, ir.ci32(8)))
+        lo = ir.load(ir.vec(2, ir.i32()), lds_wave, at, align=8)
+        hi = ir.load(ir.vec(2, ir.i32()), lds_wave, ir.add(at, ir.ci32(32)), align=8)
+        b_operand = ir.vbitcast(ir.vec(8, ir.bf16()), ir.concat(lo, hi))
+        out.append(ir.mfma_bf16_16x16x32(a_operand, b_operand, acc[dt]))
     rocdl.s_waitcnt(lgkmcnt=0)
     return out
 
 
-def _row_values(x, c: I.LaneContext) -> list:
+def _row_values(x, c: ir.LaneContext) -> list:
     """Per-q-head value ``x`` (held by lane ``head``) for O rows ``4g + v``, v = 0..3."""
-    return [I.lane_read_f32(x, I.add(I.mul(c.grp, I.ci32(4)), I.ci32(v))) for v in range(4)]
+    return [ir.lane_read_f32(x, ir.add(ir.mul(c.grp, ir.ci32(4)), ir.ci32(v))) for v in range(4)]
 
 
-def _page_update(spec, a, c: I.LaneContext, q, lds_wave, k, half, state) -> list:
+def _page_update(spec, a, c: ir.LaneContext, q, lds_wave, k, half, state) -> list:
     """Online softmax and PV over half ``half`` (64 tokens) of page slot ``k``;
     ``state = [m, l, poisoned, O0..O7]``."""
     m_old, l_old, poisoned, acc = state[0], state[1], state[2], state[3:]
@@ -227,117 +234,120 @@ def _page_update(spec, a, c: I.LaneContext, q, lds_wave, k, half, state) -> list
     scores, poisoned = _scores(a, c, q, base, ok, k, half, poisoned)
     page_max = scores[0]
     for s in scores[1:]:
-        page_max = I.fmax(page_max, s)
-    page_max = I.fmax(page_max, I.lane_xor_f32(page_max, c.lane, 16))
-    page_max = I.fmax(page_max, I.lane_xor_f32(page_max, c.lane, 32))
-    m_new = I.fmax(m_old, page_max)
-    m_use = I.select(I.feq(m_new, I.cf32(I.NEG_INF)), I.cf32(0.0), m_new)
-    alpha = I.exp2(I.fsub(m_old, m_use))
-    probs = [I.exp2(I.fsub(s, m_use)) for s in scores]
-    total = I.fmul(l_old, alpha)
+        page_max = ir.fmax(page_max, s)
+    page_max = ir.fmax(page_max, ir.lane_xor_f32(page_max, c.lane, 16))
+    page_max = ir.fmax(page_max, ir.lane_xor_f32(page_max, c.lane, 32))
+    m_new = ir.fmax(m_old, page_max)
+    m_use = ir.select(ir.feq(m_new, ir.cf32(ir.NEG_INF)), ir.cf32(0.0), m_new)
+    alpha = ir.exp2(ir.fsub(m_old, m_use))
+    probs = [ir.exp2(ir.fsub(s, m_use)) for s in scores]
+    total = ir.fmul(l_old, alpha)
     for p in probs:
-        total = I.fadd(total, p)
+        total = ir.fadd(total, p)
     alphas = _row_values(alpha, c)
-    acc = [I.from_elements(I.vec(4, I.f32()),
-                           [I.fmul(I.extract(o, v), alphas[v]) for v in range(4)]) for o in acc]
-    scaled = [I.fmul(p, I.cf32(P_PRESCALE)) for p in probs]
-    operands = [N.pack_bf16_vec8(scaled[8 * step : 8 * step + 8]) for step in range(2)]
+    acc = [ir.from_elements(ir.vec(4, ir.f32()),
+                            [ir.fmul(ir.extract(o, v), alphas[v]) for v in range(4)]) for o in acc]
+    scaled = [ir.fmul(p, ir.cf32(P_PRESCALE)) for p in probs]
+    operands = [numerics.pack_bf16_vec8(scaled[8 * step : 8 * step + 8]) for step in range(2)]
     for step in range(2):
-        _stage_v(a, c, lds_wave, base, ok, k, I.add(I.mul(half, I.ci32(2)), I.ci32(step)))
+        _stage_v(a, c, lds_wave, base, ok, k, ir.add(ir.mul(half, ir.ci32(2)), ir.ci32(step)))
         acc = _pv_step(c, lds_wave, operands[step], acc)
     return [m_new, total, poisoned, *acc]
 
 
-def _merge_waves(spec, a, c: I.LaneContext, lds, stats, state) -> None:
+def _merge_waves(spec, a, c: ir.LaneContext, lds, stats, state) -> None:
     """Combine the 4 waves' (m, l, O) and store the direct output or the split partial. A
     poisoned q head's ``m`` goes to LDS as NaN (the epilogue's flag)."""
     m, l_lane, poisoned, acc = state[0], state[1], state[2], state[3:]
-    total = I.fadd(l_lane, I.lane_xor_f32(l_lane, c.lane, 16))
-    total = I.fadd(total, I.lane_xor_f32(total, c.lane, 32))
-    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 16))
-    poisoned = I.fmax(poisoned, I.lane_xor_f32(poisoned, c.lane, 32))
-    m = I.select(I.fgt(poisoned, I.cf32(0.0)), I.cf32(float("nan")), m)
-    lds_wave = I.gep(lds, I.mul(c.wave, I.ci32(WAVE_LDS)))
-    with I.when(I.eq(c.grp, I.ci32(0))):
-        at = I.mul(I.add(I.mul(c.wave, I.ci32(16)), c.col), I.ci32(8))
-        I.store(I.from_elements(I.vec(2, I.f32()), [m, total]), stats, at, align=8)
+    total = ir.fadd(l_lane, ir.lane_xor_f32(l_lane, c.lane, 16))
+    total = ir.fadd(total, ir.lane_xor_f32(total, c.lane, 32))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 16))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 32))
+    m = ir.select(ir.fgt(poisoned, ir.cf32(0.0)), ir.cf32(float("nan")), m)
+    lds_wave = ir.gep(lds, ir.mul(c.wave, ir.ci32(WAVE_LDS)))
+    with ir.when(ir.eq(c.grp, ir.ci32(0))):
+        at = ir.mul(ir.add(ir.mul(c.wave, ir.ci32(16)), c.col), ir.ci32(8))
+        ir.store(ir.from_elements(ir.vec(2, ir.f32()), [m, total]), stats, at, align=8)
     for dt in range(8):
         for v in range(4):
-            qh = I.add(I.mul(c.grp, I.ci32(4)), I.ci32(v))
-            at = I.mul(I.add(I.mul(qh, I.ci32(128)), I.add(I.ci32(16 * dt), c.col)), I.ci32(4))
-            I.store(I.extract(acc[dt], v), lds_wave, at, align=4)
-    I.barrier()
-    qhead, block = I.lshr(c.lane, I.ci32(2)), I.band(c.lane, I.ci32(3))
-    with I.when(I.land(I.eq(c.wave, I.ci32(0)), I.lt(qhead, I.ci32(spec.group)))):
+            qh = ir.add(ir.mul(c.grp, ir.ci32(4)), ir.ci32(v))
+            at = ir.mul(ir.add(ir.mul(qh, ir.ci32(128)), ir.add(ir.ci32(16 * dt), c.col)),
+                        ir.ci32(4))
+            ir.store(ir.extract(acc[dt], v), lds_wave, at, align=4)
+    ir.barrier()
+    qhead, block = ir.lshr(c.lane, ir.ci32(2)), ir.band(c.lane, ir.ci32(3))
+    with ir.when(ir.land(ir.eq(c.wave, ir.ci32(0)), ir.lt(qhead, ir.ci32(spec.group)))):
         _epilogue(spec, a, c, lds, stats, qhead, block)
 
 
-def _epilogue(spec, a, c: I.LaneContext, lds, stats, qhead, block) -> None:
+def _epilogue(spec, a, c: ir.LaneContext, lds, stats, qhead, block) -> None:
     ms, ls = [], []
     poisoned = None
     for w in range(WAVES):
-        pair = I.load(I.vec(2, I.f32()), stats, I.mul(I.add(I.ci32(16 * w), qhead), I.ci32(8)),
-                      align=8)
-        ms.append(I.extract(pair, 0))
-        ls.append(I.extract(pair, 1))
-        nan_m = I.is_nan(ms[-1])
-        poisoned = nan_m if poisoned is None else I.lor(poisoned, nan_m)
-    top = I.cf32(I.NEG_INF)
+        pair = ir.load(ir.vec(2, ir.f32()), stats, ir.mul(ir.add(ir.ci32(16 * w), qhead),
+                                                          ir.ci32(8)),
+                       align=8)
+        ms.append(ir.extract(pair, 0))
+        ls.append(ir.extract(pair, 1))
+        nan_m = ir.is_nan(ms[-1])
+        poisoned = nan_m if poisoned is None else ir.lor(poisoned, nan_m)
+    top = ir.cf32(ir.NEG_INF)
     for m, sm in zip(ms, ls, strict=True):
-        top = I.select(I.fgt(sm, I.cf32(0.0)), I.fmax(top, m), top)
-    weights = [I.select(I.fgt(sm, I.cf32(0.0)), I.exp2(I.fsub(m, top)), I.cf32(0.0))
+        top = ir.select(ir.fgt(sm, ir.cf32(0.0)), ir.fmax(top, m), top)
+    weights = [ir.select(ir.fgt(sm, ir.cf32(0.0)), ir.exp2(ir.fsub(m, top)), ir.cf32(0.0))
                for m, sm in zip(ms, ls, strict=True)]
-    total = I.cf32(0.0)
+    total = ir.cf32(0.0)
     for wgt, sm in zip(weights, ls, strict=True):
-        total = I.fadd(total, I.fmul(wgt, sm))
-    nonzero = I.fgt(total, I.cf32(0.0))
-    safe = I.select(nonzero, total, I.cf32(1.0))
+        total = ir.fadd(total, ir.fmul(wgt, sm))
+    nonzero = ir.fgt(total, ir.cf32(0.0))
+    safe = ir.select(nonzero, total, ir.cf32(1.0))
     values = []
     for chunk in range(8):
         rocdl.sched_barrier(0)  # one 4-dim chunk of the 4 waves' O at a time (register pressure)
-        o = [I.cf32(0.0)] * 4
+        o = [ir.cf32(0.0)] * 4
         for w in range(WAVES):
-            dim = I.add(I.mul(block, I.ci32(32)), I.ci32(4 * chunk))
-            elem = I.add(I.mul(qhead, I.ci32(128)), dim)
-            at = I.add(I.ci32(w * WAVE_LDS), I.mul(elem, I.ci32(4)))
-            four = I.load(I.vec(4, I.f32()), lds, at, align=16)
-            o = [I.fadd(o[e], I.fmul(weights[w], I.extract(four, e))) for e in range(4)]
+            dim = ir.add(ir.mul(block, ir.ci32(32)), ir.ci32(4 * chunk))
+            elem = ir.add(ir.mul(qhead, ir.ci32(128)), dim)
+            at = ir.add(ir.ci32(w * WAVE_LDS), ir.mul(elem, ir.ci32(4)))
+            four = ir.load(ir.vec(4, ir.f32()), lds, at, align=16)
+            o = [ir.fadd(o[e], ir.fmul(weights[w], ir.extract(four, e))) for e in range(4)]
         for e in range(4):
-            restored = I.fmul(I.fdiv(o[e], safe), I.cf32(1.0 / P_PRESCALE))
-            value = I.select(nonzero, restored, I.cf32(0.0))
-            values.append(I.select(poisoned, I.cf32(float("nan")), value))
-    row_head = I.add(I.mul(c.row, I.ci32(spec.group)), qhead)
+            restored = ir.fmul(ir.fdiv(o[e], safe), ir.cf32(1.0 / P_PRESCALE))
+            value = ir.select(nonzero, restored, ir.cf32(0.0))
+            values.append(ir.select(poisoned, ir.cf32(float("nan")), value))
+    row_head = ir.add(ir.mul(c.row, ir.ci32(spec.group)), qhead)
     if spec.path == "direct":
         store_output_block(spec.output, a.out, a.out_aux, row_head, block, values)
         return
-    top = I.select(poisoned, I.cf32(float("nan")), I.select(nonzero, top, I.cf32(I.NEG_INF)))
+    top = ir.select(poisoned, ir.cf32(float("nan")), ir.select(nonzero, top, ir.cf32(ir.NEG_INF)))
     _store_partial(spec, a, c, qhead, block, values, top, total)
 
 
-def _store_partial(spec, a, c: I.LaneContext, qhead, block, values, top, total) -> None:
-    slot = I.add(I.mul(I.add(I.mul(I.zext64(c.row), I.zext64(a.num_partitions)), I.zext64(c.part)),
-                       I.ci64(spec.group)), I.zext64(qhead))
-    store_output_block("bf16", a.out, None, I.trunc32(slot), block, values)
-    with I.when(I.eq(block, I.ci32(0))):
-        I.store(I.from_elements(I.vec(2, I.f32()), [top, total]), I.global_ptr(a.out_aux),
-                I.mul(slot, I.ci64(8)), align=8)
+def _store_partial(spec, a, c: ir.LaneContext, qhead, block, values, top, total) -> None:
+    slot = ir.add(ir.mul(ir.add(ir.mul(ir.zext64(c.row), ir.zext64(a.num_partitions)),
+                                ir.zext64(c.part)),
+                         ir.ci64(spec.group)), ir.zext64(qhead))
+    store_output_block("bf16", a.out, None, ir.trunc32(slot), block, values)
+    with ir.when(ir.eq(block, ir.ci32(0))):
+        ir.store(ir.from_elements(ir.vec(2, ir.f32()), [top, total]), ir.global_ptr(a.out_aux),
+                 ir.mul(slot, ir.ci64(8)), align=8)
 
 
 def _body(spec: Specialization, a) -> None:
-    lds = I.lds_alloc(WAVES * WAVE_LDS + STATS_LDS)
-    stats = I.gep(lds, I.ci32(WAVES * WAVE_LDS))
+    lds = ir.lds_alloc(WAVES * WAVE_LDS + STATS_LDS)
+    stats = ir.gep(lds, ir.ci32(WAVES * WAVE_LDS))
     c = _setup(spec, a)
     q = _query(spec, a, c)
-    lds_wave = I.gep(lds, I.mul(c.wave, I.ci32(WAVE_LDS)))
-    mine = I.sub(c.last, I.add(c.first, c.wave))
-    count = I.select(I.gt(mine, I.ci32(0)), I.ceil_div(mine, I.ci32(WAVES)), I.ci32(0))
+    lds_wave = ir.gep(lds, ir.mul(c.wave, ir.ci32(WAVE_LDS)))
+    mine = ir.sub(c.last, ir.add(c.first, c.wave))
+    count = ir.select(ir.gt(mine, ir.ci32(0)), ir.ceil_div(mine, ir.ci32(WAVES)), ir.ci32(0))
 
     def page(i, state):
-        k = I.add(I.add(c.first, c.wave), I.mul(I.lshr(i, I.ci32(1)), I.ci32(WAVES)))
-        return _page_update(spec, a, c, q, lds_wave, k, I.band(i, I.ci32(1)), state)
+        k = ir.add(ir.add(c.first, c.wave), ir.mul(ir.lshr(i, ir.ci32(1)), ir.ci32(WAVES)))
+        return _page_update(spec, a, c, q, lds_wave, k, ir.band(i, ir.ci32(1)), state)
 
-    init = [I.cf32(I.NEG_INF), I.cf32(0.0), I.cf32(0.0)] + [I.zeros_f32x4() for _ in range(8)]
-    state = I.loop(I.ci32(0), I.mul(count, I.ci32(2)), init, page)
+    init = [ir.cf32(ir.NEG_INF), ir.cf32(0.0), ir.cf32(0.0)] + [ir.zeros_f32x4() for _ in range(8)]
+    state = ir.loop(ir.ci32(0), ir.mul(count, ir.ci32(2)), init, page)
     _merge_waves(spec, a, c, lds, stats, state)
 
 

@@ -19,7 +19,7 @@ from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.pages import last_writer_slots
 
-from . import _ir as I
+from . import _ir as ir
 from . import _launch
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, Arg, Specialization
@@ -43,56 +43,56 @@ _STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False)
 
 def _scale_byte(amax, mode):
     """e8m0 byte of a block from its amax bits, for round mode 0 up / 1 even / 2 down."""
-    exp_field = I.band(I.lshr(amax, I.ci32(23)), I.ci32(0xFF))
-    mant = I.band(amax, I.ci32(0x7FFFFF))
-    up = I.smax(I.add(I.sub(exp_field, I.ci32(2)), I.select(I.ugt(mant, I.ci32(0x400000)),
-                                                              I.ci32(1), I.ci32(0))), I.ci32(1))
-    up = I.select(I.eq(amax, I.ci32(0)), I.ci32(0), up)
-    rounded = I.band(I.lshr(I.add(amax, I.ci32(0x200000)), I.ci32(23)), I.ci32(0xFF))
-    even = I.smax(I.sub(rounded, I.ci32(2)), I.ci32(0))
-    down = I.smax(I.sub(exp_field, I.ci32(2)), I.ci32(0))
-    byte = I.select(I.eq(mode, I.ci32(1)), even, I.select(I.eq(mode, I.ci32(2)), down, up))
-    return I.select(I.eq(exp_field, I.ci32(0xFF)), I.ci32(255), I.smin(byte, I.ci32(254)))
+    exp_field = ir.band(ir.lshr(amax, ir.ci32(23)), ir.ci32(0xFF))
+    mant = ir.band(amax, ir.ci32(0x7FFFFF))
+    up = ir.smax(ir.add(ir.sub(exp_field, ir.ci32(2)), ir.select(ir.ugt(mant, ir.ci32(0x400000)),
+                                                              ir.ci32(1), ir.ci32(0))), ir.ci32(1))
+    up = ir.select(ir.eq(amax, ir.ci32(0)), ir.ci32(0), up)
+    rounded = ir.band(ir.lshr(ir.add(amax, ir.ci32(0x200000)), ir.ci32(23)), ir.ci32(0xFF))
+    even = ir.smax(ir.sub(rounded, ir.ci32(2)), ir.ci32(0))
+    down = ir.smax(ir.sub(exp_field, ir.ci32(2)), ir.ci32(0))
+    byte = ir.select(ir.eq(mode, ir.ci32(1)), even, ir.select(ir.eq(mode, ir.ci32(2)), down, up))
+    return ir.select(ir.eq(exp_field, ir.ci32(0xFF)), ir.ci32(255), ir.smin(byte, ir.ci32(254)))
 
 
 def _pow2_factor(byte):
     """fp32 ``2**(127 - byte)`` exactly (subnormal for bytes 254 and 255)."""
-    normal = I.shl(I.sub(I.ci32(254), byte), I.ci32(23))
-    small = I.select(I.eq(byte, I.ci32(254)), I.ci32(0x00400000), I.ci32(0x00200000))
-    return I.f32_from_bits(I.select(I.le(byte, I.ci32(253)), normal, small))
+    normal = ir.shl(ir.sub(ir.ci32(254), byte), ir.ci32(23))
+    small = ir.select(ir.eq(byte, ir.ci32(254)), ir.ci32(0x00400000), ir.ci32(0x00200000))
+    return ir.f32_from_bits(ir.select(ir.le(byte, ir.ci32(253)), normal, small))
 
 
 def _code(bits, factor):
     """e2m1 code (sign in bit 3) of the fp32 element with bit pattern ``bits``."""
-    magnitude = I.fmul(I.f32_from_bits(I.band(bits, I.ci32(0x7FFFFFFF))), factor)
-    code = I.ci32(0)
+    magnitude = ir.fmul(ir.f32_from_bits(ir.band(bits, ir.ci32(0x7FFFFFFF))), factor)
+    code = ir.ci32(0)
     for bound, tie_up in _STEPS:
-        above = I.fge(magnitude, I.cf32(bound)) if tie_up else I.fgt(magnitude, I.cf32(bound))
-        code = I.add(code, I.select(above, I.ci32(1), I.ci32(0)))
-    return I.bor(code, I.shl(I.lshr(bits, I.ci32(31)), I.ci32(3)))
+        above = ir.fge(magnitude, ir.cf32(bound)) if tie_up else ir.fgt(magnitude, ir.cf32(bound))
+        code = ir.add(code, ir.select(above, ir.ci32(1), ir.ci32(0)))
+    return ir.bor(code, ir.shl(ir.lshr(bits, ir.ci32(31)), ir.ci32(3)))
 
 
 def _quantize_block(x_ptr, elem_offset, mode):
     """Load 32 bf16 at ``elem_offset``; return (4 i32 words of packed codes, scale byte)."""
     words = []
     for k in range(4):
-        at = I.add(I.mul(elem_offset, I.ci64(2)), I.ci64(16 * k))
-        chunk = I.load(I.vec(4, I.i32()), x_ptr, at, align=16)
-        words += [I.extract(chunk, e) for e in range(4)]
+        at = ir.add(ir.mul(elem_offset, ir.ci64(2)), ir.ci64(16 * k))
+        chunk = ir.load(ir.vec(4, ir.i32()), x_ptr, at, align=16)
+        words += [ir.extract(chunk, e) for e in range(4)]
     bits = []
     for w in words:
-        bits += [I.shl(w, I.ci32(16)), I.band(w, I.ci32(0xFFFF0000))]
-    amax = I.ci32(0)
+        bits += [ir.shl(w, ir.ci32(16)), ir.band(w, ir.ci32(0xFFFF0000))]
+    amax = ir.ci32(0)
     for b in bits:
-        amax = I.umax(amax, I.band(b, I.ci32(0x7FFFFFFF)))
+        amax = ir.umax(amax, ir.band(b, ir.ci32(0x7FFFFFFF)))
     byte = _scale_byte(amax, mode)
     factor = _pow2_factor(byte)
     codes = [_code(b, factor) for b in bits]
     packed = []
     for k in range(4):
-        word = I.ci32(0)
+        word = ir.ci32(0)
         for e in range(8):
-            word = I.bor(word, I.shl(codes[8 * k + e], I.ci32(4 * e)))
+            word = ir.bor(word, ir.shl(codes[8 * k + e], ir.ci32(4 * e)))
         packed.append(word)
     return packed, byte
 
@@ -101,29 +101,31 @@ def _body(a) -> None:
     """One work-item per (token, head, block); ``a``: the kernel's arguments by name."""
     pool, x, slots, num_tokens = a.pool, a.x, a.slots, a.num_tokens
     num_pages, num_heads, round_mode = a.num_pages, a.num_heads, a.round_mode
-    tid, bid = I.thread_id(), I.block_id()
-    item = I.add(I.mul(bid, I.ci32(THREADS)), tid)
-    block = I.band(item, I.ci32(3))
-    row = I.lshr(item, I.ci32(2))
-    head, token = I.srem(row, num_heads), I.sdiv(row, num_heads)
-    with I.when(I.lt(token, num_tokens)):
-        slot = I.sext64(I.load(I.i32(), I.global_ptr(slots), I.mul(I.zext64(token), I.ci64(4)),
-                               align=4))
-        limit = I.mul(I.zext64(num_pages), I.ci64(128))
-        inside = I.land(I.ge(slot, I.ci64(0)), I.lt(slot, limit))
-        with I.when(inside):
-            elem = I.add(I.mul(I.add(I.mul(I.zext64(token), I.zext64(num_heads)), I.zext64(head)),
-                               I.ci64(128)), I.mul(I.zext64(block), I.ci64(32)))
-            packed, byte = _quantize_block(I.global_ptr(x), elem, round_mode)
-            page, offset = I.sdiv(slot, I.ci64(128)), I.srem(slot, I.ci64(128))
-            page_head = I.add(I.mul(page, I.zext64(num_heads)), I.zext64(head))
-            base = I.mul(page_head, I.ci64(PAGE_BYTES))
-            within = I.add(I.mul(offset, I.ci64(64)), I.mul(I.zext64(block), I.ci64(16)))
-            data = I.from_elements(I.vec(4, I.i32()), packed)
-            I.store(data, I.global_ptr(pool), I.add(base, within), align=16)
-            scale_at = I.add(base, I.add(I.ci64(SCALE_OFFSET),
-                                         I.add(I.mul(offset, I.ci64(4)), I.zext64(block))))
-            I.store(I.trunc8(byte), I.global_ptr(pool), scale_at, align=1)
+    tid, bid = ir.thread_id(), ir.block_id()
+    item = ir.add(ir.mul(bid, ir.ci32(THREADS)), tid)
+    block = ir.band(item, ir.ci32(3))
+    row = ir.lshr(item, ir.ci32(2))
+    head, token = ir.srem(row, num_heads), ir.sdiv(row, num_heads)
+    with ir.when(ir.lt(token, num_tokens)):
+        slot = ir.sext64(ir.load(ir.i32(), ir.global_ptr(slots), ir.mul(ir.zext64(token),
+                                                                        ir.ci64(4)),
+                                 align=4))
+        limit = ir.mul(ir.zext64(num_pages), ir.ci64(128))
+        inside = ir.land(ir.ge(slot, ir.ci64(0)), ir.lt(slot, limit))
+        with ir.when(inside):
+            elem = ir.add(ir.mul(ir.add(ir.mul(ir.zext64(token), ir.zext64(num_heads)),
+                                        ir.zext64(head)),
+                                 ir.ci64(128)), ir.mul(ir.zext64(block), ir.ci64(32)))
+            packed, byte = _quantize_block(ir.global_ptr(x), elem, round_mode)
+            page, offset = ir.sdiv(slot, ir.ci64(128)), ir.srem(slot, ir.ci64(128))
+            page_head = ir.add(ir.mul(page, ir.zext64(num_heads)), ir.zext64(head))
+            base = ir.mul(page_head, ir.ci64(PAGE_BYTES))
+            within = ir.add(ir.mul(offset, ir.ci64(64)), ir.mul(ir.zext64(block), ir.ci64(16)))
+            data = ir.from_elements(ir.vec(4, ir.i32()), packed)
+            ir.store(data, ir.global_ptr(pool), ir.add(base, within), align=16)
+            scale_at = ir.add(base, ir.add(ir.ci64(SCALE_OFFSET),
+                                           ir.add(ir.mul(offset, ir.ci64(4)), ir.zext64(block))))
+            ir.store(ir.trunc8(byte), ir.global_ptr(pool), scale_at, align=1)
 
 
 def build(spec: Specialization):

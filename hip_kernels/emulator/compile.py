@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import control, defined, lds_ops, memory_ops, salu, valu, valu_convert, valu_packed, waitcnt
-from . import valu_special as VS
+from . import (
+    control,
+    defined,
+    lds_ops,
+    memory_ops,
+    salu,
+    valu,
+    valu_convert,
+    valu_ops,
+    valu_packed,
+    valu_special,
+    waitcnt,
+)
 from .errors import EmulatorFault
 from .sources import Context
 
@@ -37,15 +48,16 @@ class Instruction:
 
 
 VALU_SPECIAL = {
-    "v_cndmask_b32": VS.build_cndmask,
-    "v_mad_u64_u32": VS.build_mad64, "v_mad_i64_i32": VS.build_mad64,
-    "v_div_scale_f32": VS.build_div_scale, "v_div_fmas_f32": VS.build_div_fmas,
-    "v_div_fixup_f32": VS.build_div_fixup,
-    "v_fmac_f32": VS.build_fmac, "v_mac_f32": VS.build_fmac,
-    "v_readlane_b32": VS.build_readlane, "v_readfirstlane_b32": VS.build_readlane,
-    "v_writelane_b32": VS.build_writelane,
-    "v_permlane16_swap_b32": VS.build_permlane_swap,
-    "v_permlane32_swap_b32": VS.build_permlane_swap,
+    "v_cndmask_b32": valu_special.build_cndmask,
+    "v_mad_u64_u32": valu_special.build_mad64, "v_mad_i64_i32": valu_special.build_mad64,
+    "v_div_scale_f32": valu_special.build_div_scale, "v_div_fmas_f32": valu_special.build_div_fmas,
+    "v_div_fixup_f32": valu_special.build_div_fixup,
+    "v_fmac_f32": valu_special.build_fmac, "v_mac_f32": valu_special.build_fmac,
+    "v_readlane_b32": valu_special.build_readlane,
+    "v_readfirstlane_b32": valu_special.build_readlane,
+    "v_writelane_b32": valu_special.build_writelane,
+    "v_permlane16_swap_b32": valu_special.build_permlane_swap,
+    "v_permlane32_swap_b32": valu_special.build_permlane_swap,
     "v_cvt_pk_fp8_f32": valu_convert.build_cvt_pk_fp8,
     "v_cvt_pk_bf8_f32": valu_convert.build_cvt_pk_fp8,
     "v_cvt_scalef32_pk_fp8_f32": valu_convert.build_cvt_pk_fp8,
@@ -56,8 +68,8 @@ VALU_SPECIAL = {
     "v_cvt_pk_f32_bf8": valu_convert.build_cvt_f32_fp8,
     "v_fma_mix_f32": valu_packed.build_fma_mix,
 }
-for _name in VS.CARRY_OPS:
-    VALU_SPECIAL[_name] = VS.build_carry
+for _name in valu_special.CARRY_OPS:
+    VALU_SPECIAL[_name] = valu_special.build_carry
 for _name in valu_convert.UP_CONVERSIONS:
     VALU_SPECIAL[_name] = valu_convert.build_cvt_scale_up
 for _name in valu_packed.PK_F32:
@@ -98,7 +110,7 @@ def _build_vector(ctx, pi):
         return valu.build_vopc(ctx, pi, base, enc)
     if base in VALU_SPECIAL:
         return VALU_SPECIAL[base](ctx, pi, base, enc)
-    if base in valu.V.OPS or base in valu.V.BITOP3:
+    if base in valu_ops.OPS or base in valu_ops.BITOP3:
         return valu.build_generic(ctx, pi, base, enc)
     raise ctx.fail(f"opcode {pi.mnemonic!r} is not modelled")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import defined as D
+from . import defined as definedness
 from . import waitcnt
 from .machine import FULL
 from .operands import EXEC, VCC
@@ -33,7 +33,7 @@ def _require_mask_decided(m, w, inst, r, what):
     if not np.all(decided):
         wave = int(np.flatnonzero(~decided)[0])
         raise m.fault("undefined", f"{what} depends on undefined bits of VCC", inst, w,
-                      wave_index=D._wave(m, w, wave))
+                      wave_index=definedness._wave(m, w, wave))
 
 
 CONDITIONS = {
@@ -65,7 +65,7 @@ def build_branch(ctx, pi, base, labels, pc):
     def run(m, w):
         if m.check_undefined:
             if uses_scc:
-                D.require_scc(m, w, inst, "the branch condition")
+                definedness.require_scc(m, w, inst, "the branch condition")
             elif uses_vcc:
                 _require_mask_decided(m, w, inst, VCC, "the branch condition")
         taken = cond(m, w)

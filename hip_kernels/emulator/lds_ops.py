@@ -148,8 +148,8 @@ def _vaddr(m, w, r, offset):
 
 
 def _require_addr(m, w, inst, r):
-    from . import defined as D
-    D.require_vector(m, w, inst, {r}, "the LDS address register")
+    from . import defined as definedness
+    definedness.require_vector(m, w, inst, {r}, "the LDS address register")
 
 
 def build_ds(ctx, pi, base):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import defined as D
+from . import defined as definedness
 from . import waitcnt
 from .memory import AccessError
 from .sources import scalar_reader_32, scalar_reader_64
@@ -108,8 +108,8 @@ def build_global(ctx, pi, base):
     data_reg = ctx.vreg(vdata_op, nregs)
 
     def run_load(m, w):
-        D.require_vector(m, w, inst, addr_v, "the address register")
-        D.require_scalar(m, w, inst, addr_s, "the address base register")
+        definedness.require_vector(m, w, inst, addr_v, "the address register")
+        definedness.require_scalar(m, w, inst, addr_s, "the address base register")
         active = m.exec[w]
         addrs = address(m, w)[active]
         try:
@@ -121,9 +121,10 @@ def build_global(ctx, pi, base):
         waitcnt.issue(m, w, inst, "vm", vregs=range(data_reg, data_reg + nregs))
 
     def run_store(m, w):
-        D.require_vector(m, w, inst, addr_v, "the address register")
-        D.require_scalar(m, w, inst, addr_s, "the address base register")
-        D.require_vector(m, w, inst, range(data_reg, data_reg + nregs), "the stored value")
+        definedness.require_vector(m, w, inst, addr_v, "the address register")
+        definedness.require_scalar(m, w, inst, addr_s, "the address base register")
+        definedness.require_vector(m, w, inst, range(data_reg, data_reg + nregs),
+                                   "the stored value")
         active = m.exec[w]
         addrs = address(m, w)[active]
         words = np.stack([m.v[data_reg + i][w][active] for i in range(nregs)], axis=1)
@@ -173,8 +174,8 @@ def build_buffer(ctx, pi, base):
     rsrc_regs = set(range(rs, rs + 4)) | (set(soff_op.regs()) if soff_op.kind == "s" else set())
 
     def locate(m, w):
-        D.require_vector(m, w, inst, {vo}, "the buffer offset register")
-        D.require_scalar(m, w, inst, rsrc_regs, "the buffer resource")
+        definedness.require_vector(m, w, inst, {vo}, "the buffer offset register")
+        definedness.require_scalar(m, w, inst, rsrc_regs, "the buffer resource")
         w0, w1, w2 = m.s[rs][w].astype(U64), m.s[rs + 1][w].astype(U64), m.s[rs + 2][w]
         base_addr = w0 | ((w1 & U64(0xFFFF)) << U64(32))
         if np.any((w1 >> U64(16)) & U64(0x3FFF)):
@@ -201,8 +202,9 @@ def build_buffer(ctx, pi, base):
 
     def run_store(m, w):
         addr, active = locate(m, w)
-        D.require_vector(m, w, inst, range(data_reg, data_reg + nregs), "the stored value",
-                         active)
+        definedness.require_vector(m, w, inst, range(data_reg, data_reg + nregs),
+                                   "the stored value",
+                                   active)
         words = np.stack([m.v[data_reg + i][w][active] for i in range(nregs)], axis=1)
         data = np.ascontiguousarray(words).view(np.uint8)[:, :size]
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import defined as D
+from . import defined as definedness
 from . import waitcnt
 from .machine import FULL
 from .memory import AccessError
@@ -455,7 +455,7 @@ def build_smem(ctx, pi, base, memory_of):
     inst = ctx.inst
 
     def run(m, w):
-        D.require_scalar(m, w, inst, addr_regs, "the address register")
+        definedness.require_scalar(m, w, inst, addr_regs, "the address register")
         addr = (_u(sbase(m, w)) + _u(offset(m, w))) & ~U64(3)
         addr = np.broadcast_to(addr, m.s[dst][w].shape)
         try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
-from . import valu_ops as V
+from . import valu_ops
 from .machine import mask_to_bits
 from .sources import Context, registers_read, vector_reader_32, vector_reader_64
 
@@ -162,7 +162,7 @@ def make_post(ctx, t, mods, enc, base):
     clamp = bool(mods.get("clamp"))
     if scale != 1.0 and t not in ("f32", "f16"):
         raise ctx.fail(f"omod on a {t} result")
-    saturate = clamp and base in V.UNSIGNED_SATURATING
+    saturate = clamp and base in valu_ops.UNSIGNED_SATURATING
     if clamp and not saturate and t not in ("f32", "f16"):
         raise ctx.fail(f"clamp on {base}")
     float_clamp = clamp and t in ("f32", "f16")
@@ -222,11 +222,11 @@ def check_modifiers(ctx, enc, mods, extra=()):
 def build_generic(ctx: Context, pi, base: str, enc: str):
     """Element-wise opcodes of ``valu_ops.OPS`` (and v_bitop3_*)."""
     mods = dict(pi.modifiers)
-    if base in V.BITOP3:
-        spec = (V.BITOP3[base], ("b32",) * 3 if base.endswith("32") else ("b16",) * 3,
-                V.bitop3(int(mods.pop("bitop3", 0))))
+    if base in valu_ops.BITOP3:
+        spec = (valu_ops.BITOP3[base], ("b32",) * 3 if base.endswith("32") else ("b16",) * 3,
+                valu_ops.bitop3(int(mods.pop("bitop3", 0))))
     else:
-        spec = V.OPS[base]
+        spec = valu_ops.OPS[base]
     dst_t, src_ts, func = spec
     check_modifiers(ctx, enc, mods)
     if "op_sel" in mods and any(mods["op_sel"]):
@@ -239,7 +239,7 @@ def build_generic(ctx: Context, pi, base: str, enc: str):
                enumerate(zip(ops[1:], src_ts, strict=True))]
     post = make_post(ctx, dst_t, mods, enc, base)
     write, dst_regs = make_dest(ctx, ops[0], dst_t, enc, mods)
-    if base in V.PRESERVE_HIGH:
+    if base in valu_ops.PRESERVE_HIGH:
         low_write, dreg = write, ctx.vreg(ops[0], 1)
 
         def write(m, w, bits, mask=None):

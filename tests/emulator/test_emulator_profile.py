@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_mxfp4.hip_kernels.emulator import format_profiles, profile
-from jax_mxfp4.hip_kernels.emulator import profiling as P
+from jax_mxfp4.hip_kernels.emulator import format_profiles, profile, profiling
 from snippets import run_snippet
 
 BODY = """
@@ -40,13 +39,14 @@ def test_counts_bytes_flops_and_estimate():
     assert prof.global_bytes_read == 8 * 64 * 4 and prof.global_bytes_written == 8 * 64 * 4
     assert prof.mfma_flops == {"f16": 8 * 2 * 16 * 16 * 16}
     est = prof.estimate
-    cycles = (8 * 2 * 16 * 16 * 16 / 1024 + 8 * (8 * P.VALU_CYCLES + P.TRANSCENDENTAL_CYCLES)
+    cycles = (8 * 2 * 16 * 16 * 16 / 1024
+              + 8 * (8 * profiling.VALU_CYCLES + profiling.TRANSCENDENTAL_CYCLES)
               + 8 * (5 + 2 + 2 + 2 + 1 + 1 + 1)) / 8
-    assert est.compute == pytest.approx(cycles / P.CLOCK_HZ)
+    assert est.compute == pytest.approx(cycles / profiling.CLOCK_HZ)
     bytes_ = 2 * 8 * 64 * 4
-    assert est.memory == pytest.approx(max(bytes_ / P.HBM_BYTES_PER_S, bytes_ / (
-        8 * P.CU_MEMORY_BYTES_PER_CYCLE * P.CLOCK_HZ)))
-    assert est.latency == pytest.approx(P.WAIT_LATENCY)  # one vmcnt(0) per wave
+    assert est.memory == pytest.approx(max(bytes_ / profiling.HBM_BYTES_PER_S, bytes_ / (
+        8 * profiling.CU_MEMORY_BYTES_PER_CYCLE * profiling.CLOCK_HZ)))
+    assert est.latency == pytest.approx(profiling.WAIT_LATENCY)  # one vmcnt(0) per wave
     assert est.seconds == max(est.memory, est.compute, est.lds, est.latency)
     assert "MI355X est. us" in format_profiles([prof])
 
@@ -105,11 +105,12 @@ def test_latency_floor_overlaps_the_resident_waves():
 
     lanes = np.arange(8 * 64, dtype=np.uint32)
     _, report = run_snippet(BODY, [lanes], ["v10"], report=True)
-    assert P.resident_waves(256, 0, 1) == 2 and P.resident_waves(64, 0, 1) == 8
-    assert P.resident_waves(100, 0, 1) == 4  # 104 after rounding: 512 // 104
-    assert P.resident_waves(64, 80 * 1024, 4) == 2  # 2 workgroups of 4 waves on 4 SIMDs
-    many = dataclasses.replace(report, workgroups=4 * P.CUS * P.SIMDS_PER_CU * 8 // 8,
+    assert profiling.resident_waves(256, 0, 1) == 2 and profiling.resident_waves(64, 0, 1) == 8
+    assert profiling.resident_waves(100, 0, 1) == 4  # 104 after rounding: 512 // 104
+    assert profiling.resident_waves(64, 80 * 1024, 4) == 2  # 2 workgroups of 4 waves on 4 SIMDs
+    many = dataclasses.replace(report,
+                               workgroups=4 * profiling.CUS * profiling.SIMDS_PER_CU * 8 // 8,
                                workgroups_run=8)
     for vgprs, rounds in ((256, 2), (64, 1)):
         est = profile(dataclasses.replace(many, vgprs=vgprs)).estimate
-        assert est.latency == pytest.approx(rounds * P.WAIT_LATENCY), vgprs
+        assert est.latency == pytest.approx(rounds * profiling.WAIT_LATENCY), vgprs

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from harness import Launch, run_flydsl
 
-from jax_mxfp4 import reference as R
+from jax_mxfp4 import reference
 
 ROUND_MODES = {"up": 0, "even": 1, "down": 2}
 
@@ -66,7 +66,7 @@ def test_write_cache_is_bit_exact(built, rng, round_mode, heads):
     x3 = x if heads > 1 else x[:, None, :]
     pool3 = pool if heads > 1 else pool[:, None, :]
     got, report = run_write(built, pool3, np.ascontiguousarray(x3), slots, round_mode)
-    want = np.asarray(R.write_cache(jnp.asarray(pool), jnp.asarray(x), jnp.asarray(slots),
-                                    round_mode=round_mode))
+    want = np.asarray(reference.write_cache(jnp.asarray(pool), jnp.asarray(x), jnp.asarray(slots),
+                                            round_mode=round_mode))
     np.testing.assert_array_equal(got.reshape(want.shape), want)
     assert report.global_bytes_written > 0 and report.waves >= 1

@@ -41,12 +41,12 @@ def _rocm_lowering(arch: str):
 
 def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
     """The launches ``fn(*args)`` lowers to on ROCm ``arch``, in order."""
-    from jax_mxfp4.gpu import launch as L
+    from jax_mxfp4.gpu import launch as gpu_launch
 
     calls: list[Captured] = []
     produced: list[tuple[object, int, int]] = []  # (ir value, call, result index)
     next_arg = [0]
-    original = L.emit
+    original = gpu_launch.emit
 
     def recording_emit(ctx, launch, operands, operand_avals, result_avals, aliases=None):
         results = original(ctx, launch, operands, operand_avals, result_avals, aliases)
@@ -64,8 +64,8 @@ def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
         return results
 
     with _rocm_lowering(arch):
-        monkeypatch.setattr(L, "emit", recording_emit)
-        checks = [jax.export.DisabledSafetyCheck.custom_call(L.TARGET)]
+        monkeypatch.setattr(gpu_launch, "emit", recording_emit)
+        checks = [jax.export.DisabledSafetyCheck.custom_call(gpu_launch.TARGET)]
         jax.export.export(jax.jit(fn), platforms=["rocm"], disabled_checks=checks)(*args)
     for call in calls:
         call.amdgcn = call.launch.kernel.isa  # the compile's own amdgcn text
@@ -74,7 +74,7 @@ def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
 
 def _pack_params(kernel, launch, addresses) -> bytes:
     """Kernarg bytes: parameter i at the offset of the kernel's metadata argument i."""
-    from jax_mxfp4.gpu import launch as L
+    from jax_mxfp4.gpu import launch as gpu_launch
 
     args = kernel.args
     if len(args) != len(launch.params):
@@ -82,11 +82,11 @@ def _pack_params(kernel, launch, addresses) -> bytes:
                              f"{len(launch.params)} launch parameters")
     out = bytearray(kernel.kernarg_size)
     for arg, param in zip(args, launch.params, strict=True):
-        if param.kind == L.BUFFER:
+        if param.kind == gpu_launch.BUFFER:
             value = addresses[param.value].to_bytes(8, "little")
-        elif param.kind == L.NULL:
+        elif param.kind == gpu_launch.NULL:
             value = bytes(8)
-        elif param.kind == L.I64:
+        elif param.kind == gpu_launch.I64:
             value = int(param.value).to_bytes(8, "little", signed=True)
         else:  # I32 (as a signed int) and F32 (as its bits)
             value = (int(param.value) & 0xFFFFFFFF).to_bytes(4, "little")
