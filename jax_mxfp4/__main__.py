@@ -58,7 +58,14 @@ def _emulate(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "emulate", help="profile the ROCm kernels in the CDNA emulator, with an MI355X estimate",
-        description=emulate_profile.__doc__.split("\n\n", 1)[1],
+        description="Run benchmark cells on the CPU under the emulated-gfx950 (or gfx942) "
+        "backend: every launch is the one the ROCm lowering would make, a few sampled "
+        "workgroups of each grid execute in the CDNA emulator and the counts are scaled to the "
+        "grid. Prints per launch the waves, the instructions per wave by class, the global "
+        "and LDS bytes and an estimated MI355X time from a simple roofline model (an "
+        "estimate, not a measurement; the model and what it leaves out: "
+        "hip_kernels/emulator/README.md), beside the seed's measured MI355X times for the "
+        "prefill scorer cells.",
     )
     emulate_profile.add_arguments(parser)
     parser.set_defaults(run=emulate_profile.run_from_args)

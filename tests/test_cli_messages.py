@@ -47,7 +47,7 @@ def test_help_texts_are_plain_words():
     texts = [parser.format_help()]
     for action in parser._subparsers._group_actions:
         texts += [sub.format_help() for sub in action.choices.values()]
-    assert len(texts) == 5  # the top level, demo, info, bench, build
+    assert len(texts) == 6  # the top level, demo, info, bench, emulate, build
     for text in texts:
         for markup in ("``", ":func:", ":class:", ":mod:", ":meth:"):
             assert markup not in text, (markup, text)
