@@ -1,7 +1,8 @@
 """LDS (DS) instructions: reads, writes, the two-address forms, and the cross-lane
 ``ds_bpermute_b32`` / ``ds_swizzle_b32`` that use the LDS unit without touching LDS memory.
 
-Addresses (CDNA4 ISA pseudocode, ``CalcDsAddr``): vA + ``offset`` (16-bit, bytes); the
+Addresses (CDNA4 ISA pseudocode, ``CalcDsAddr``): vA + ``offset`` (16-bit, bytes), summed
+in 32 bits (a negative vA plus the offset wraps to a valid address, as LLVM assumes); the
 ``read2``/``write2`` forms use ``offset0``/``offset1`` in units of the element size (4 or 8
 bytes; ``st64`` forms 64 elements: 256 or 512 bytes). An access outside the workgroup's LDS
 allocation (static ``group_segment_fixed_size`` + dynamic) is an ``lds-range`` fault.
@@ -144,7 +145,9 @@ class LdsAccess:
 
 
 def _vaddr(m, w, r, offset):
-    return m.v[r][w].astype(I64) + offset
+    """vA + offset as a 32-bit sum: a negative base with a positive offset reaches a valid
+    address (LLVM folds such offsets on GFX7+: ``ds-sub-offset.ll``, ``isDSOffsetLegal``)."""
+    return (m.v[r][w].astype(I64) + offset) & 0xFFFFFFFF
 
 
 def _require_addr(m, w, inst, r):

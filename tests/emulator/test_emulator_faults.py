@@ -234,6 +234,23 @@ def test_read2_whose_destination_overlaps_its_address():
     np.testing.assert_array_equal(out[:64], 2 * LANES + 0x3000)
 
 
+def test_ds_address_is_a_32_bit_sum():
+    """ds_read_b32 v, vA offset:N with vA = -64 reads address N - 64: LLVM folds a constant
+    into the offset of an address it computed as (r - rows) * 8, which is negative (the gfx950
+    index scorer's row-key loop). (Found there: the emulator summed in 64 bits and reported an
+    lds-range fault at 2**32 + N - 64.)"""
+    out, = run_snippet("""
+        v_lshlrev_b32_e32 v10, 2, v0
+        ds_write_b32 v10, v2
+        s_waitcnt lgkmcnt(0)
+        v_subrev_u32_e32 v11, 64, v10
+        ds_read_b32 v12, v11 offset:64
+        s_waitcnt lgkmcnt(0)
+        v_mov_b32_e32 v2, v12
+    """, [LANES], ["v2"], lds=1024)
+    np.testing.assert_array_equal(out[:64], LANES[:64])
+
+
 # ---- LDS races ----------------------------------------------------------------------------------
 
 RACE_BODY = """
