@@ -73,6 +73,7 @@ class _Geometry:
         self.rows, self.blocks = index_scores_tile(spec)
         self.rows_per_tile = 16 // spec.heads
         self.threads_per_page = THREADS // self.block_waves
+        self.keys_offset = self.block_waves * PAGE_BYTES  # LDS: staged pages, then row keys
 
 
 def _lane_setup(g: _Geometry, a) -> ir.LaneContext:
@@ -100,21 +101,33 @@ def _load_i32(arg, index):
     return ir.load(ir.i32(), ir.global_ptr(arg), ir.mul(ir.zext64(index), ir.ci64(4)), align=4)
 
 
-def _row_key(a, t):
-    """(request if row ``t`` is live else -1, position), uniform scalars of row ``t``."""
-    ok = ir.lt(t, a.num_rows)
-    t_safe = ir.select(ok, t, ir.ci32(0))
-    pos = ir.uniform(_load_i32(a.positions, t_safe))
-    req = ir.uniform(_load_i32(a.requests, t_safe))
-    live = ir.land(ok, ir.land(ir.ge(pos, ir.ci32(0)),
-                               ir.land(ir.ge(req, ir.ci32(0)), ir.lt(req, a.num_requests))))
-    return ir.select(live, req, ir.ci32(-1)), ir.select(live, pos, ir.ci32(-1))
+def _publish_row_keys(g: _Geometry, c: ir.LaneContext, lds) -> None:
+    """Each row's (request if live else -1, position if live else -1) into the LDS table
+    after the staged pages, written once per row by the lane that loaded it in
+    ``_lane_setup``: the row loops then read it from LDS instead of a dependent pair of global
+    loads per row (a round trip to memory each). The caller's barrier makes it visible."""
+    first_lane_of_row = ir.land(ir.land(ir.eq(c.grp, ir.ci32(0)), ir.eq(c.head, ir.ci32(0))),
+                                ir.eq(c.bwave, ir.ci32(0)))
+    with ir.when(ir.land(first_lane_of_row, ir.lt(c.t, ir.add(c.row0, ir.ci32(g.rows))))):
+        at = ir.add(ir.ci32(g.keys_offset), ir.mul(ir.sub(c.t, c.row0), ir.ci32(8)))
+        live = ir.ne(c.key, ir.ci32(-1))
+        ir.store(c.key, lds, at, align=4)
+        ir.store(ir.select(live, c.pos, ir.ci32(-1)), lds, ir.add(at, ir.ci32(4)), align=4)
 
 
-def _max_position(g: _Geometry, a, c: ir.LaneContext):
+def _row_key(g: _Geometry, lds, r):
+    """(request if the workgroup's row ``r`` is live else -1, position), uniform scalars read
+    from the LDS table of ``_publish_row_keys``."""
+    at = ir.add(ir.ci32(g.keys_offset), ir.mul(r, ir.ci32(8)))
+    key = ir.uniform(ir.load(ir.i32(), lds, at, align=4))
+    pos = ir.uniform(ir.load(ir.i32(), lds, ir.add(at, ir.ci32(4)), align=4))
+    return key, pos
+
+
+def _max_position(g: _Geometry, lds):
     """Largest live position among the workgroup's rows (-1 if none), uniform."""
     def body(r, carried):
-        _, pos = _row_key(a, ir.add(c.row0, r))
+        _, pos = _row_key(g, lds, r)
         return [ir.smax(carried[0], pos)]
 
     return ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-1)], body)[0]
@@ -242,9 +255,11 @@ def _segment(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) ->
 
 
 def _body(g: _Geometry, a) -> None:
-    lds = ir.lds_alloc(g.block_waves * PAGE_BYTES)
+    lds = ir.lds_alloc(g.keys_offset + g.rows * 8)
     c = _lane_setup(g, a)
-    maxpos = _max_position(g, a, c)
+    _publish_row_keys(g, c, lds)
+    ir.barrier()
+    maxpos = _max_position(g, lds)
     reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
     neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
     _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
@@ -252,7 +267,7 @@ def _body(g: _Geometry, a) -> None:
         b_operand = _query_operand(g, a, c)
 
         def row(r, carried):
-            key, _ = _row_key(a, ir.add(c.row0, r))
+            key, _ = _row_key(g, lds, r)
             with ir.when(ir.land(ir.ge(key, ir.ci32(0)), ir.ne(key, carried[0]))):
                 _segment(g, a, c, lds, b_operand, key, maxpos)
             return [key]
