@@ -114,6 +114,17 @@ def impl(request, monkeypatch) -> str:
     return request.param
 
 
+@pytest.fixture(params=["native", "generic"])
+def isa(request, monkeypatch) -> str:
+    """The CPU handlers' kernels: "native" (the SIMD ones where the CPU has them) or
+    "generic" (the portable ones, ``JAX_MXFP4_CPU_ISA=generic``)."""
+    if request.param == "generic":
+        monkeypatch.setenv("JAX_MXFP4_CPU_ISA", "generic")
+    else:
+        monkeypatch.delenv("JAX_MXFP4_CPU_ISA", raising=False)
+    return request.param
+
+
 @pytest.fixture(params=("default", *EMULATED))
 def backend(request, monkeypatch):
     """The public functions on this process's backend ("default") or on an emulated one, in

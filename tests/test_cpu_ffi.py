@@ -39,20 +39,11 @@ from hypothesis import strategies as st
 from jax_mxfp4 import ffi_targets as ft
 from jax_mxfp4 import formats
 
-pytestmark = pytest.mark.skipif(
-    ft.SELECT_BLOCKS not in ft.register_cpu_targets(),
-    reason="the C++ extension jax_mxfp4._ffi_cpu is not built",
-)
-
-
-@pytest.fixture(params=["native", "generic"], autouse=True)
-def isa(request, monkeypatch):
-    """Run every test with the SIMD kernels and with the portable ones."""
-    if request.param == "generic":
-        monkeypatch.setenv("JAX_MXFP4_CPU_ISA", "generic")
-    else:
-        monkeypatch.delenv("JAX_MXFP4_CPU_ISA", raising=False)
-    return request.param
+pytestmark = [
+    pytest.mark.skipif(ft.SELECT_BLOCKS not in ft.register_cpu_targets(),
+                       reason="the C++ extension jax_mxfp4._ffi_cpu is not built"),
+    pytest.mark.usefixtures("isa"),  # every test with the SIMD kernels and the portable ones
+]
 
 
 # ---------------------------------------------------------------------------------------------

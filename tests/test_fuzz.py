@@ -125,15 +125,6 @@ def spec_rows(positions, requests):
     return np.where(live, positions, -1).astype(np.int32), np.where(live, requests, 0)
 
 
-@pytest.fixture(params=["native", "generic"])
-def isa(request, monkeypatch):
-    if request.param == "generic":
-        monkeypatch.setenv("JAX_MXFP4_CPU_ISA", "generic")
-    else:
-        monkeypatch.delenv("JAX_MXFP4_CPU_ISA", raising=False)
-    return request.param
-
-
 # ---------------------------------------------------------------------------------------------
 # One check per operation (the quick and the long tests share them)
 # ---------------------------------------------------------------------------------------------
