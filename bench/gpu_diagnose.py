@@ -7,7 +7,8 @@
    bench's wall time per call.
 
 ``--probes`` instead times write_cache's kernel with and without its last-writer scan, and
-the attention kernel at 4 and 8 warps; ``--index-variants`` the index scorer's decode tilings;
+the attention kernel at 4 and 8 warps (``--attention-variants``: that alone, at 1 and 2 pages
+per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows).
 """
 
@@ -107,9 +108,10 @@ def write_dedup_cost(tokens=(32, 4096, 16384), device: str = "cuda", timer=None)
               f"{times[1]:.1f} us without")
 
 
-def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> None:
-    """attention_kernel at 4 and 8 warps, side by side (Triton launches on torch tensors,
-    ``triton.testing.do_bench``): the split partials of 1, 32 and 256 rows x 16 pages."""
+def attention_warps(device: str = "cuda", timer=None, sizes=(1, 8, 32, 256)) -> None:
+    """attention_kernel at 4 and 8 warps and 1 or 2 pages per split, side by side (Triton
+    launches on torch tensors, ``triton.testing.do_bench``): the split partials of 1 .. 256
+    rows x 16 pages (the merge kernel not included)."""
     import torch
     import triton
 
@@ -123,23 +125,24 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 32, 256)) -> Non
                                      generator=gen)
     pool = pool.to(device)
     for rows in sizes:
-        plan = kernels.plan(16, 16)
         q = torch.randn((rows, 16, 128), generator=gen).to(torch.bfloat16).to(device)
         table = torch.randint(0, pages, (rows, 16), dtype=torch.int32, generator=gen).to(device)
         ctx = torch.full((rows,), 16 * 128, dtype=torch.int32, device=device)
-        parts = rows * plan.splits * plan.gp
+        parts = rows * 16 * 16
         o = torch.empty((parts * 128,), dtype=torch.bfloat16, device=device)
         m = torch.empty((parts,), dtype=torch.float32, device=device)
         l_ = torch.empty((parts,), dtype=torch.float32, device=device)
-        times = []
-        for warps in (4, 8):
-            kernel = kernels.attention_kernel[(rows, plan.splits, 1)]
-            times.append(timer(functools.partial(
-                kernel, q, pool, pool, table, ctx, o, o, m, l_, 1, pages, 16, 128**-0.5,
-                G=16, GP=plan.gp, PAGES=plan.pages, SPLITS=plan.splits, Q_IS_FP8=False,
-                MXFP8=False, USE_FP8=False, num_warps=warps)))
-        print(f"attention_kernel {rows} rows x 16 pages ({plan.splits} splits): "
-              f"{times[0]:.1f} us at 4 warps, {times[1]:.1f} us at 8")
+        results = []
+        for per_split in (2, 1):
+            splits = 16 // per_split
+            for warps in (4, 8):
+                kernel = kernels.attention_kernel[(rows, splits, 1)]
+                t = timer(functools.partial(
+                    kernel, q, pool, pool, table, ctx, o, o, m, l_, 1, pages, 16, 128**-0.5,
+                    G=16, GP=16, PAGES=per_split, SPLITS=splits, Q_IS_FP8=False,
+                    MXFP8=False, USE_FP8=False, PTX=True, num_warps=warps))
+                results.append(f"{per_split} pages/split {warps} warps {t:.1f} us")
+        print(f"attention_kernel {rows} rows x 16 pages: " + ", ".join(results), flush=True)
 
 
 def _index_inputs(b: int, s: int, nb: int, prefix: int, gen, device: str) -> dict:
@@ -175,7 +178,7 @@ def _index_launch(plan, inputs: dict):
         kernels.index_scores_kernel[plan.grid], a["q"], a["pool"], a["table"], a["pos"], a["req"],
         a["out"], a["T"], a["B"], a["W"], a["P"], a["NB"], 1.0, H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True, USE_FP8=False, DOT_DTYPE=tl.float16,
-        ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
+        ONE_ROW=plan.one_row, FOLD=plan.fold, PTX=True, num_warps=plan.num_warps)
 
 
 def index_variants(device: str = "cuda", timer=None,
@@ -252,6 +255,9 @@ PLAIN = "--plain" in sys.argv
 def main() -> int:
     if "--probes" in sys.argv:
         write_dedup_cost()
+        attention_warps()
+        return 0
+    if "--attention-variants" in sys.argv:
         attention_warps()
         return 0
     if "--index-variants" in sys.argv:

@@ -32,10 +32,12 @@ from jax_mxfp4.scaling import folded_score_scale
 
 @triton.jit
 def _page_values_kernel(page_ptr, out_ptr, n_live):
-    words, scales = mxfp4.load_page(page_ptr)
+    codes, scales = mxfp4.load_values(page_ptr, True)
     tok = tl.arange(0, 128)
-    values = mxfp4.page_values(words, scales, tok < n_live, tl.float32)
-    tl.store(out_ptr + tok[:, None] * 128 + tl.arange(0, 128)[None, :], values)
+    even, odd = mxfp4.page_values(codes, scales, tok < n_live, tl.float32, False)
+    base = out_ptr + tok[:, None] * 128 + 2 * tl.arange(0, 64)[None, :]
+    tl.store(base, even)
+    tl.store(base + 1, odd)
 
 
 def check_page_values(rng) -> None:
@@ -68,7 +70,7 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
         *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
-        BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False,
+        BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False, PTX=False,
         DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
         num_warps=plan.num_warps)
     return out.array
@@ -99,7 +101,8 @@ def check_one_row_index_scores(rng) -> None:
 @triton.jit
 def _mxfp8_store_kernel(o_ptr, values_ptr, scales_ptr, t, qh0):
     g = tl.arange(0, 4)
-    o = tl.load(o_ptr + g[:, None] * 128 + tl.arange(0, 128)[None, :])
+    # the attention kernels hold the output's columns in value order (mxfp4.value_dims)
+    o = tl.load(o_ptr + g[:, None] * 128 + mxfp4.value_dims()[None, :])
     sparse_attention._store_output(o, values_ptr, scales_ptr, t, qh0, g, g < 4, 4, True)
 
 
@@ -175,7 +178,7 @@ def interpreted_scores(case, q_round: str, num_heads: int) -> np.ndarray:
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=num_heads, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=not q_fp8 and q_round == "e4m3",
-        USE_FP8=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
+        USE_FP8=False, PTX=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
         ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
     return out.array, plan
 
@@ -231,7 +234,7 @@ def interpreted_attention(case, splits: int) -> np.ndarray:
     rows, gp = tokens * kv_heads, 16
     out = HostArray(np.zeros((tokens, q_heads, 128), ml_dtypes.bfloat16))
     consts = dict(G=group, GP=gp, PAGES=-(-n // splits), SPLITS=splits, Q_IS_FP8=False,
-                  MXFP8=False, USE_FP8=False, PV_DTYPE=tl.float32)
+                  MXFP8=False, USE_FP8=False, PTX=False, PV_DTYPE=tl.float32)
     args = [HostArray(a) for a in (q, k_pool, v_pool, table, ctx)]
     scalars = [kv_heads, num_pages, n, float(SM_SCALE)]
     if splits == 1:

@@ -48,6 +48,9 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
            num_stages: int = 2) -> launcher.Launch:
     """The launch of ``fn`` (a ``@triton.jit`` function) compiled for ``target``.
 
+    A kernel argument named ``PTX`` is a constant given here, not by the lowering: whether
+    the kernel may use inline PTX (a CUDA target).
+
     ``buffers[i]`` is the name of the pointer argument that receives buffer ``i`` of the
     custom call, whose abstract value is ``avals[i]`` (``None``: the kernel does not take it,
     e.g. an operand aliased to a result the kernel writes); ``nulls`` maps pointer arguments passed
@@ -57,6 +60,9 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
     if len(buffers) != len(avals):
         raise ValueError(f"{fn.__name__}: {len(buffers)} buffer names for {len(avals)} avals")
     nulls = dict(nulls or {})
+    constants = dict(constants)
+    if "PTX" in fn.arg_names:
+        constants["PTX"] = target.device == CUDA
     slot = {name: i for i, name in enumerate(buffers) if name is not None}
     types, params = {}, []
     for name in fn.arg_names:
@@ -74,7 +80,7 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
             params.append(param(scalars[name]))
         else:
             raise TypeError(f"{fn.__name__}: nothing given for argument {name!r}")
-    spec = compiler.spec(fn, types, dict(constants), num_warps=num_warps,
+    spec = compiler.spec(fn, types, constants, num_warps=num_warps,
                          num_stages=num_stages)
     kernel = compiler.compile_kernel(spec, triton_target(target))
     return launcher.Launch(kernel, tuple(int(g) for g in grid),

@@ -122,7 +122,7 @@ def _folded_maxima(q, page_ptr, sel, pos, tok):
 
 @triton.jit
 def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
-                 USE_FP8: tl.constexpr, FOLD: tl.constexpr):
+                 USE_FP8: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
     """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere).
     ``FOLD``: the query tile ``q [M, 128]`` against folded keys
     (:func:`mxfp4.folded_page_logits`), else the groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
@@ -135,7 +135,7 @@ def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_
         if FOLD:
             best = _folded_maxima(q, page_ptr, sel, pos, tok)
         else:
-            dots, expo = mxfp4.page_logits(q0, q1, q2, q3, page_ptr, USE_FP8)
+            dots, expo = mxfp4.page_logits(q0, q1, q2, q3, page_ptr, USE_FP8, PTX)
             best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos, tok)
     return best
 
@@ -145,7 +145,7 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
                         score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
                         BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
                         USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                        ONE_ROW: tl.constexpr, FOLD: tl.constexpr):
+                        ONE_ROW: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. ``ONE_ROW``: tiles of one dot row, scored on the CUDA
     cores (``mxfp4.row_page_logits``). ``FOLD``: 16-bit dots on folded keys
@@ -185,7 +185,7 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
             for req_r in range(req_lo, req_hi + 1):
                 best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
                                                      req, pos, live, j, req_r, W, P, USE_FP8,
-                                                     FOLD), propagate_nan=PROPAGATE)
+                                                     FOLD, PTX), propagate_nan=PROPAGATE)
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
 
 

@@ -1,21 +1,25 @@
 """Triton device functions shared by the kernels: MXFP4 page decoding and exact scaling.
 
-Hopper has no fp4 tensor cores, so a page's e2m1 codes are decoded in registers into e4m3
-bytes with one shift-and-mask per nibble (:func:`nibble_e4m3`): ``(code & 7) << 2 | (code & 8)
-<< 4`` is exactly ``e2m1(code) * 2**-6`` as e4m3 (code 1: the e4m3 subnormal ``2**-7``). Those
-bytes feed the tensor cores directly (``tl.dot`` on e4m3) or after the hardware e4m3 -> fp16
-conversion (fp16 dots, exact products and fp32 accumulation). Each 32-element scale group is
-one ``K = 32`` dot; the group's e8m0 byte is applied to the dot's result relative to the
-token's largest byte (``2**(byte - max)``, at most 1, so nothing overflows), and the token's
-own ``2**(max - 127 + 6)`` is applied once per logit, as the reference does. Prefill tiles
-fold the groups' scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128``
-dot per page and one exponent for the page, applied to each row's maximum.
+Hopper has no fp4 tensor cores, so a page's e2m1 codes are decoded in registers. Portable
+decode (any Triton target, and Triton's interpreter): one shift-and-mask per nibble into e4m3
+bytes (:func:`nibble_e4m3`): ``(code & 7) << 2 | (code & 8) << 4`` is exactly ``e2m1(code) *
+2**-6`` as e4m3 (code 1: the e4m3 subnormal ``2**-7``), fed to the tensor cores directly
+(``tl.dot`` on e4m3) or after the hardware e4m3 -> 16-bit conversion. On CUDA (the kernels'
+``PTX`` argument) inline PTX decodes four bytes at a time with one byte permute and a shift
+and a logic op per pair of nibbles, straight into fp16 keys (:func:`nibbles_fp16`) and into
+scaled bf16 values (:func:`scaled_nibbles_bf16`, two bf16 multiplies per pair); tests/gpu
+holds both bit-exact. Each 32-element scale group is one ``K = 32`` dot; the group's e8m0
+byte is applied to the dot's result relative to the token's largest byte (``2**(byte -
+max)``, at most 1, so nothing overflows), and the token's own power of two
+(:func:`key_exponent`) once per logit, as the reference does. Prefill tiles fold the groups'
+scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128`` dot per page and
+one exponent for the page, applied to each row's maximum.
 
-Where no tensor-core operand is built (V pages before their bf16 widening, one-row index
-scoring on the CUDA cores), 32-bit code words are decoded two elements at a time into fp16
-pairs and widened to fp32 (:func:`words_fp32`). The dots take e4m3 bytes instead: the same
-fp16 decode feeding them moves 16-bit elements through shared memory on the way to the dot's
-operand layout (measured slower: bench/RESULTS.md).
+A page's loads are issued together before any is used (:func:`load_keys`,
+:func:`load_values`: one load of all code bytes, one 32-bit word of scale bytes per token),
+because Triton changes each loaded tensor's layout right after its load, which waits for it.
+One-row index scoring on the CUDA cores decodes 32-bit code words two elements at a time into
+fp16 pairs widened to fp32 (:func:`words_fp32`).
 
 Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
 nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.
@@ -59,15 +63,78 @@ def nibble_e4m3(codes):
 
 
 @triton.jit
+def nibbles_fp8(raw):
+    """e4m3 values ``e2m1 * 2**-6`` of the two elements in each byte of ``raw`` (uint8 ``[N,
+    B]``, element ``2i`` in the low nibble of byte ``i``): ``float8e4nv [N, 2 * B]`` in element
+    order."""
+    pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, B, 2]: 2i + parity
+    codes = tl.reshape(pairs, (raw.shape[0], 2 * raw.shape[1]))
+    return codes.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def e2m1_fp8(page_ptr, tok, first_byte, NBYTES: tl.constexpr):
     """e4m3 values ``e2m1 * 2**-6`` of the elements in bytes ``first_byte ..
     first_byte + NBYTES - 1`` of the tokens ``tok`` (int32 [N]) of one page: ``float8e4nv [N,
     2 * NBYTES]`` in element order."""
     i = tl.arange(0, NBYTES)
-    raw = tl.load(page_ptr + tok[:, None] * 64 + first_byte + i[None, :])  # uint8 [N, NBYTES]
-    pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, NBYTES, 2]: 2i + parity
-    codes = tl.reshape(pairs, (tok.shape[0], 2 * NBYTES))
-    return codes.to(tl.float8e4nv, bitcast=True)
+    return nibbles_fp8(tl.load(page_ptr + tok[:, None] * 64 + first_byte + i[None, :]))
+
+
+# Four code bytes b0..b3 (one 32-bit register) -> eight 16-bit values in four registers:
+# $0 = (b0 low, b1 low), $1 = (b2 low, b3 low), $2 = (b0 high, b1 high), $3 = (b2 high, b3
+# high) nibbles. One byte permute puts b0, b1 in the two halves' low bytes (b2, b3 in their
+# second bytes); each register is then two shifts and one three-input logic op: the 3
+# magnitude bits of both of its nibbles land at once at MAG and their signs at bits 15 and 31.
+_SPLIT = """
+prmt.b32 t, $4, 0, 0x3120;
+shl.b32 a, t, {l0}; and.b32 a, a, {mag}; shl.b32 b, t, {s0}; and.b32 b, b, 0x80008000;
+or.b32 r0, a, b;
+{r1a} a, t, {l1}; and.b32 a, a, {mag}; shl.b32 b, t, {s1}; and.b32 b, b, 0x80008000;
+or.b32 r1, a, b;
+shl.b32 a, t, {l2}; and.b32 a, a, {mag}; shl.b32 b, t, {s2}; and.b32 b, b, 0x80008000;
+or.b32 r2, a, b;
+shr.b32 a, t, {l3}; and.b32 a, a, {mag}; and.b32 b, t, 0x80008000;
+or.b32 r3, a, b;
+"""
+# fp16: magnitude at bits 9..11 (exponent 0..3, mantissa bit 9): e2m1 * 2**-14, code 1 the
+# subnormal 2**-15.
+_FP16_PAIRS = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3;"
+               + _SPLIT.format(l0=9, s0=12, r1a="shl.b32", l1=1, s1=4, l2=5, s2=8, l3=3,
+                               mag="0x0E000E00")
+               + "mov.b32 $0, r0; mov.b32 $1, r1; mov.b32 $2, r2; mov.b32 $3, r3; }")
+# bf16: magnitude at bits 6..8: e2m1 * 2**-126 (code 1 the subnormal 2**-127), times 2**126
+# (exact: e2m1 itself), times the factor pair of $5 (elements 0, 1) or $6 (elements 2, 3).
+_BF16_SCALED = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3, c;"
+                + _SPLIT.format(l0=6, s0=12, r1a="shr.b32", l1=2, s1=4, l2=2, s2=8, l3=6,
+                                mag="0x01C001C0")
+                + "mov.b32 c, 0x7E807E80;"
+                + "mul.rn.bf16x2 r0, r0, c; mul.rn.bf16x2 r1, r1, c;"
+                + "mul.rn.bf16x2 r2, r2, c; mul.rn.bf16x2 r3, r3, c;"
+                + "mul.rn.bf16x2 $0, r0, $5; mul.rn.bf16x2 $1, r1, $6;"
+                + "mul.rn.bf16x2 $2, r2, $5; mul.rn.bf16x2 $3, r3, $6; }")
+
+
+@triton.jit
+def nibbles_fp16(raw):
+    """fp16 values ``e2m1 * 2**-14`` (exact) of the two elements in each byte of ``raw`` (uint8
+    ``[N, B]``, element ``2i`` in the low nibble of byte ``i``): ``float16 [N, 2 * B]`` in
+    element order, about one instruction per element (no per-nibble or per-byte work). Inline
+    PTX: CUDA only."""
+    lo, hi = tl.inline_asm_elementwise(_FP16_PAIRS, "=r,=r,=r,=r,r", [raw],
+                                       dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    return tl.reshape(tl.join(lo, hi), (raw.shape[0], 2 * raw.shape[1]))
+
+
+@triton.jit
+def scaled_nibbles_bf16(raw, factor):
+    """bf16 values ``e2m1 * factor`` of the low and the high nibble of each byte of ``raw``
+    (uint8, any shape), ``factor`` bf16 of the same shape (one per byte, both its elements):
+    two bf16 tensors shaped like ``raw``. Exact where ``factor`` is a power of two and the
+    product is in range (it rounds like any bf16 multiply: +-inf past the range, as fp32
+    would). Inline PTX (sm_90's bf16 multiply): CUDA only."""
+    return tl.inline_asm_elementwise(_BF16_SCALED, "=r,=r,=r,=r,r,r,r", [raw, factor],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
 @triton.jit
@@ -129,46 +196,89 @@ def row_page_logits(q, page_ptr):
 
 
 @triton.jit
-def token_scales(page_ptr, tok):
-    """The 4 scale bytes of each token as int32 ``[N]`` each, and their maximum."""
-    base = page_ptr + SCALE_OFFSET + tok * 4
-    s0 = tl.load(base).to(tl.int32)
-    s1 = tl.load(base + 1).to(tl.int32)
-    s2 = tl.load(base + 2).to(tl.int32)
-    s3 = tl.load(base + 3).to(tl.int32)
-    smax = tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
-    return s0, s1, s2, s3, smax
+def scale_words(page_ptr, ok):
+    """Each token's 4 scale bytes as one uint32 ``[128]`` (group ``g`` in bits ``8g``): one
+    load and one layout change for the page instead of one per group. Zeros where ``ok``
+    (a scalar) is false."""
+    words = page_ptr.to(tl.pointer_type(tl.uint32)) + SCALE_OFFSET // 4
+    return tl.load(words + tl.arange(0, 128), mask=ok, other=0)
 
 
 @triton.jit
-def group_dot(q_g, page_ptr, tok, g, s_g, smax, USE_FP8: tl.constexpr):
-    """``(q_g . K_g^T) * 2**(s_g - smax)``: one scale group's logits, ``f32 [M, N]``.
+def scale_byte(words, g: tl.constexpr):
+    """Group ``g``'s scale byte of each of ``words`` (:func:`scale_words`) as int32."""
+    return ((words >> (8 * g)) & 0xFF).to(tl.int32)
 
-    ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16/bf16).
+
+@triton.jit
+def load_keys(page_ptr, ok):
+    """A key page's raw bytes in two loads issued together (a load per group would wait for
+    each group's layout change before the next group's load): the four groups' code bytes
+    ``uint8 [128, 16]`` and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
+    scalar) is false."""
+    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    codes = tl.load(page_ptr + byte, mask=ok, other=0)
+    scales = scale_words(page_ptr, ok)
+    # [128, 64] -> [128, 16, 2 (group bit 1), 2 (group bit 0)], then split to the groups
+    quads = tl.permute(tl.reshape(codes, (128, 2, 2, 16)), (0, 3, 1, 2))
+    even, odd = tl.split(quads)  # group bit 0
+    b0, b2 = tl.split(even)
+    b1, b3 = tl.split(odd)
+    return b0, b1, b2, b3, scales
+
+
+@triton.jit
+def group_dot(q_g, codes, s_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+    """``(q_g . K_g^T) * 2**(s_g - smax)``: one scale group's logits, ``f32 [M, N]``, from the
+    group's code bytes ``uint8 [N, 16]``, in the units of :func:`key_exponent`.
+
+    ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16 holding
+    e4m3 values, or bf16). The keys go in as e4m3 ``e2m1 * 2**-6`` (converted to ``q_g``'s
+    dtype), or, for fp16 queries where inline PTX runs (``PTX``), straight from the bytes as
+    fp16 ``e2m1 * 2**-14`` (:func:`nibbles_fp16`); products are exact either way.
     """
-    k8 = e2m1_fp8(page_ptr, tok, g * 16, 16)
     if USE_FP8:
-        dots = tl.dot(q_g, tl.trans(k8))
+        dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes)))
+    elif PTX and q_g.dtype == tl.float16:
+        dots = tl.dot(q_g, tl.trans(nibbles_fp16(codes)))
     else:
-        dots = tl.dot(q_g, tl.trans(k8.to(q_g.dtype)))
+        dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes).to(q_g.dtype)))
     return dots * pow2(s_g - smax)[None, :]
 
 
 @triton.jit
-def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr):
+def key_exponent(q_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+    """``q . k = dots * 2**key_exponent`` for :func:`group_dot`'s dots of ``q_g``'s dtype."""
+    if (not USE_FP8) and PTX and q_g.dtype == tl.float16:
+        return smax - 127 + 14
+    return smax - 127 + 6
+
+
+@triton.jit
+def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8: tl.constexpr,
+               PTX: tl.constexpr):
+    """:func:`page_logits` of a page loaded by :func:`load_keys`."""
+    s0, s1 = scale_byte(scales, 0), scale_byte(scales, 1)
+    s2, s3 = scale_byte(scales, 2), scale_byte(scales, 3)
+    smax = tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
+    dots = group_dot(q0, b0, s0, smax, USE_FP8, PTX)
+    dots += group_dot(q1, b1, s1, smax, USE_FP8, PTX)
+    dots += group_dot(q2, b2, s2, smax, USE_FP8, PTX)
+    dots += group_dot(q3, b3, s3, smax, USE_FP8, PTX)
+    dots = tl.where((smax == NAN_BYTE)[None, :], float("nan"), dots)
+    return dots, key_exponent(q0, smax, USE_FP8, PTX)
+
+
+@triton.jit
+def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr, PTX: tl.constexpr):
     """Relative logits of every token of a page and the token exponents.
 
     Returns ``(dots f32 [M, 128], exponent int32 [128])`` with the true ``q . k`` equal to
-    ``dots * 2**exponent`` (exponent = max scale byte - 127 + 6); NaN for a token with a scale
-    byte 255 (its keys are NaN, SPEC §1.3, §15.18).
+    ``dots * 2**exponent`` (:func:`key_exponent` of the token's max scale byte); NaN for a
+    token with a scale byte 255 (its keys are NaN, SPEC §1.3, §15.18).
     """
-    tok = tl.arange(0, 128)
-    s0, s1, s2, s3, smax = token_scales(page_ptr, tok)
-    dots = group_dot(q0, page_ptr, tok, 0, s0, smax, USE_FP8)
-    dots += group_dot(q1, page_ptr, tok, 1, s1, smax, USE_FP8)
-    dots += group_dot(q2, page_ptr, tok, 2, s2, smax, USE_FP8)
-    dots += group_dot(q3, page_ptr, tok, 3, s3, smax, USE_FP8)
-    return tl.where((smax == NAN_BYTE)[None, :], float("nan"), dots), smax - 127 + 6
+    b0, b1, b2, b3, scales = load_keys(page_ptr, True)
+    return key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8, PTX)
 
 
 @triton.jit
@@ -225,26 +335,55 @@ def folded_page_logits(q, page_ptr, live):
 
 
 @triton.jit
-def load_page(page_ptr):
-    """A page's raw bytes: code words ``uint32 [128, 16]`` (:func:`page_words`) and scale
-    bytes ``uint8 [128, 4]``."""
-    tok = tl.arange(0, 128)
-    words = page_words(page_ptr)
-    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4 + tl.arange(0, 4)[None, :])
-    return words, scales
+def load_values(page_ptr, ok):
+    """A value page's raw bytes: codes ``uint8 [128, 64]`` and scale words
+    (:func:`scale_words`). Zeros where ``ok`` (a scalar) is false."""
+    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    return tl.load(page_ptr + byte, mask=ok, other=0), scale_words(page_ptr, ok)
 
 
 @triton.jit
-def page_values(words, scales, live, DTYPE: tl.constexpr):
-    """Exactly dequantized values ``DTYPE [128, 128]`` (bf16: exact) of a page loaded by
-    :func:`load_page`: a group with scale byte 255 is NaN, elements past the fp32 range are
-    +-inf (SPEC §15.18); tokens where ``live`` (bool [128]) is false are zeros (so garbage, NaN
-    scales included, cannot leak)."""
-    x = tl.reshape(words_fp32(words), (128, 4, 32)) * 16384.0  # e2m1, exact
-    x = x * pow2(scales.to(tl.int32) - 127)[:, :, None]
-    x = tl.where((scales == NAN_BYTE)[:, :, None], float("nan"), x)
-    x = tl.where(live[:, None, None], x, 0.0)
-    return tl.reshape(x, (128, 128)).to(DTYPE)
+def value_factors(scales, live):
+    """bf16 ``[128, 4]``: each group's scale ``2**(byte - 127)`` (its bf16 bits are ``byte <<
+    7``: byte 0 gives 0, the fp32 kernels' ``pow2``), NaN for byte 255, 0 where ``live``
+    (bool [128]) is false."""
+    byte = (scales[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF
+    bits = (byte << 7) | tl.where(byte == NAN_BYTE, 0x40, 0)
+    bits = tl.where(live[:, None], bits, 0)
+    return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def value_dims():
+    """The head dimension of each column of ``join(lo, hi)`` of :func:`page_values` reshaped
+    to 128 columns as ``[lo | hi]``: column ``j = 64 * nibble + byte`` holds element ``2 *
+    byte + nibble``. The attention output is stored through this map."""
+    j = tl.arange(0, 128)
+    return 2 * (j % 64) + j // 64
+
+
+@triton.jit
+def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """Exactly dequantized values of a page loaded by :func:`load_values`, as the low-nibble
+    (even) and the high-nibble (odd) elements: two ``DTYPE [128, 64]`` (bf16 or fp32: exact),
+    so each stays contiguous in registers and goes to shared memory (the PV dot's operand) in
+    16-byte stores. A group with scale byte 255 is NaN, elements past the fp32 range are
+    +-inf (SPEC §15.18); tokens where ``live`` (bool [128]) is false are zeros (so garbage,
+    NaN scales included, cannot leak). bf16 where inline PTX runs (``PTX``) is decoded
+    straight from the bytes (:func:`scaled_nibbles_bf16`): no fp32 tile of the page is ever
+    held."""
+    if (not PTX) or (DTYPE != tl.bfloat16):
+        byte = ((scales[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF).to(tl.int32)
+        x = tl.reshape(nibbles_fp8(codes).to(tl.float32), (128, 4, 32)) * 64.0  # e2m1, exact
+        x = x * pow2(byte - 127)[:, :, None]
+        x = tl.where((byte == NAN_BYTE)[:, :, None], float("nan"), x)
+        x = tl.where(live[:, None, None], x, 0.0)
+        lo, hi = tl.split(tl.reshape(x, (128, 64, 2)))  # [token, byte, nibble]
+        return lo.to(DTYPE), hi.to(DTYPE)
+    factor = tl.reshape(tl.broadcast_to(value_factors(scales, live)[:, :, None], (128, 4, 16)),
+                        (128, 64))
+    lo, hi = scaled_nibbles_bf16(codes, factor)
+    return lo.to(DTYPE), hi.to(DTYPE)  # DTYPE is bf16 here: one return type for both branches
 
 
 @triton.jit

@@ -6,8 +6,10 @@ the first ``context_lens[t, h]`` virtual tokens of its pages. ``attention_kernel
 ``(r, s)`` takes pages ``s * PAGES .. s * PAGES + PAGES - 1`` with an online base-2 softmax:
 QK as four ``K = 32`` tensor-core dots per page (``mxfp4.page_logits``, the bf16 query
 normalized per q head to e4m3 as the reference does), P in bf16 against V dequantized exactly
-to bf16. P is divided by the running sum before the PV dot, so the accumulator is always a
-weighted mean of V and cannot overflow where the output is finite (SPEC §7 "PV range"). With
+to bf16, the even and the odd head dimensions as two dots (``mxfp4.page_values``). A page's
+bytes are loaded one page ahead of its arithmetic (software pipelining over the split). P is
+divided by the running sum before the PV dot, so the accumulator is always a weighted mean of
+V and cannot overflow where the output is finite (SPEC §7 "PV range"). With
 one split the kernel stores the output itself (bf16, or the MXFP8 values and scales); with
 several it stores per-split partials ``(m, l, o = O / l in bf16)`` that ``reduce_kernel``
 merges with normalized weights ``exp(m_p - M) * l_p / sum`` before the same epilogue. A row
@@ -86,23 +88,25 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
 
 @triton.jit
 def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexpr):
-    """Store the final output rows ``o f32 [GP, 128]`` of token ``t``, q heads ``qh0 + g``:
-    bf16 ``[T, Hq, 128]``, or MXFP8 values ``[T, Hq*128]`` and scales ``[T, Hq*4]``."""
-    d = tl.arange(0, 128)
+    """Store the final output rows ``o f32 [GP, 128]`` of token ``t``, q heads ``qh0 + g``,
+    columns in the value order of :func:`mxfp4.value_dims`: bf16 ``[T, Hq, 128]``, or MXFP8
+    values ``[T, Hq*128]`` and scales ``[T, Hq*4]``."""
+    d = mxfp4.value_dims()
     ob = o.to(tl.bfloat16)
     qh = (qh0 + g).to(tl.int64)
     if MXFP8:
-        x = tl.reshape(ob, (g.shape[0], 4, 32))
+        # columns (nibble, group, byte): a 32-element block is [:, :, b, :]
+        x = tl.reshape(ob, (g.shape[0], 2, 4, 16))
         bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-        amax = tl.max(bits, axis=2)  # bf16 bits [GP, 4]
+        amax = tl.max(tl.max(bits, axis=3), axis=1)  # bf16 bits [GP, 4]
         expo = (amax >> 7) & 0xFF
         sb = tl.minimum(tl.maximum(expo - 8 + ((amax & 0x7F) > 96).to(tl.int32), 0), 254)
         # An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §15.13).
-        non_finite = expo == 0xFF
-        sb = tl.where(non_finite, 255, sb)
-        scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, :, None]
+        non_finite = (expo == 0xFF)[:, None, :, None]
+        sb = tl.where(expo == 0xFF, 255, sb)
+        scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, None, :, None]
         codes = mxfp4.round_e4m3(scaled).to(tl.uint8, bitcast=True)
-        codes = tl.where(non_finite[:, :, None], E4M3_NAN, codes)
+        codes = tl.where(non_finite, E4M3_NAN, codes)
         values = tl.reshape(codes.to(tl.float8e4nv, bitcast=True), (g.shape[0], 128))
         vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
         tl.store(vptr, values, mask=g_ok[:, None])
@@ -115,15 +119,29 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
 
 
 @triton.jit
-def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, sm_scale,
-                 m_i, l_i, acc, g_ok, USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr):
-    """One page of the online softmax: returns the updated ``(m_i, l_i, acc)``. A live logit
-    that is not finite (a NaN key or query, an overflow) becomes NaN and its q head's running
-    max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax takes anyway
-    (SPEC §15.18). V's bytes are loaded first, so their latency overlaps the QK dots and the
-    softmax."""
-    v_words, v_scales = mxfp4.load_page(v_page)
-    dots, k_exp = mxfp4.page_logits(q0, q1, q2, q3, k_page, USE_FP8)
+def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
+    """Issue every load of page ``p`` of row ``r`` (K codes and scales, V codes and scales)
+    and return the raw bytes with whether the page holds live tokens: a page past the context
+    or with an id outside ``[0, P)`` loads nothing and is skipped."""
+    in_ctx = p * 128 < ctx
+    page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p, mask=in_ctx, other=-1)
+    ok = in_ctx & (page >= 0) & (page < P)
+    base = (tl.where(ok, page, 0).to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
+    k0, k1, k2, k3, k_scales = mxfp4.load_keys(k_ptr + base, ok)
+    v_words, v_scales = mxfp4.load_values(v_ptr + base, ok)
+    return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
+
+
+@triton.jit
+def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_words, v_scales,
+                 first_tok, ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok,
+                 USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
+    """One page of the online softmax on its loaded bytes (:func:`_page_bytes`): returns the
+    updated ``(m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head dimensions). A
+    live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
+    head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
+    takes anyway (SPEC §15.18)."""
+    dots, k_exp = mxfp4.key_logits(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, USE_FP8, PTX)
     logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
     seen = live[None, :] & g_ok[:, None]
@@ -138,10 +156,12 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_page, v_page, first_tok, ctx, 
     # acc stays the weighted mean of V so far (weights summing to 1), so a large finite V
     # cannot overflow the fp32 sum (SPEC §7 PV range) as an unnormalized P.V could.
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
-    v = mxfp4.page_values(v_words, v_scales, live, PV_DTYPE)
+    v_even, v_odd = mxfp4.page_values(v_words, v_scales, live, PV_DTYPE, PTX)
     p_norm = (p * inv_l[:, None]).to(PV_DTYPE)
-    acc = acc * (l_old * inv_l)[:, None] + tl.dot(p_norm, v)
-    return m_new, l_i, acc
+    keep = (l_old * inv_l)[:, None]
+    acc_even = acc_even * keep + tl.dot(p_norm, v_even)
+    acc_odd = acc_odd * keep + tl.dot(p_norm, v_odd)
+    return m_new, l_i, acc_even, acc_odd
 
 
 @triton.jit
@@ -153,7 +173,7 @@ def _max_nan(a, b):
 def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, m_ptr, l_ptr,
                      HKV, P, NPAGES, sm_scale, G: tl.constexpr, GP: tl.constexpr,
                      PAGES: tl.constexpr, SPLITS: tl.constexpr, Q_IS_FP8: tl.constexpr,
-                     MXFP8: tl.constexpr, USE_FP8: tl.constexpr,
+                     MXFP8: tl.constexpr, USE_FP8: tl.constexpr, PTX: tl.constexpr,
                      PV_DTYPE: tl.constexpr = tl.bfloat16):
     """q ``[T, Hkv*G, 128]``, pools ``u8[P, Hkv, 8704]``, table ``s32[T*Hkv, n]``, context
     ``s32[T*Hkv]``. One split: ``out``/``aux`` are the final output (aux = MXFP8 scales).
@@ -170,17 +190,24 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
-    acc = tl.zeros((GP, 128), tl.float32)
-    for i in range(PAGES):
-        p = s * PAGES + i
-        if p * 128 < ctx:
-            page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p)
-            if (page >= 0) & (page < P):
-                base = (page.to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
-                m_i, l_i, acc = _attend_page(q0, q1, q2, q3, q_exp, q_mant, k_ptr + base,
-                                             v_ptr + base, p * 128, ctx, sm_scale, m_i, l_i,
-                                             acc, g_ok, USE_FP8, PV_DTYPE)
-    o = tl.where((l_i > 0)[:, None], acc, 0.0)
+    acc_even = tl.zeros((GP, 64), tl.float32)  # head dimensions 0, 2, .., 126
+    acc_odd = tl.zeros((GP, 64), tl.float32)  # 1, 3, .., 127
+    # Software-pipelined over the split's pages: page i + 1's bytes are in flight while page
+    # i is computed (a program walks only PAGES pages, so this hides every load but the first).
+    ok, k0, k1, k2, k3, ks, vw, vs = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES, ctx,
+                                                 HKV, P, NPAGES)
+    for i in tl.static_range(PAGES):
+        if i + 1 < PAGES:
+            nxt = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i + 1, ctx, HKV, P,
+                              NPAGES)
+        if ok:
+            m_i, l_i, acc_even, acc_odd = _attend_page(
+                q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, ks, vw, vs, (s * PAGES + i) * 128,
+                ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, USE_FP8, PV_DTYPE, PTX)
+        if i + 1 < PAGES:
+            ok, k0, k1, k2, k3, ks, vw, vs = nxt
+    acc = tl.reshape(tl.permute(tl.join(acc_even, acc_odd), (0, 2, 1)), (GP, 128))
+    o = tl.where((l_i > 0)[:, None], acc, 0.0)  # columns in mxfp4.value_dims order
     o = tl.where((m_i != m_i)[:, None], float("nan"), o)  # a poisoned q head (NaN max)
     if SPLITS == 1:
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
@@ -289,7 +316,8 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     mxfp8 = call.params["output"] == "mxfp8"
     constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
                  "Q_IS_FP8": jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn,
-                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots, "PV_DTYPE": tl.bfloat16}
+                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots,
+                 "PV_DTYPE": tl.bfloat16}
     scalars = {"HKV": np.int32(kv_heads), "P": np.int32(call.avals_in[1].shape[0]),
                "NPAGES": np.int32(n), "sm_scale": np.float32(call.params["sm_scale"])}
     inputs = ("q_ptr", "k_ptr", "v_ptr", "table_ptr", "ctx_ptr")
