@@ -13,6 +13,7 @@ interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -58,12 +59,16 @@ def check_page_values(rng) -> None:
     print("ok page_values")
 
 
-def one_row_scores(case, q_round: str) -> np.ndarray:
-    """index_scores_kernel with the plan's one-row (CUDA-core) tiling; ``f32 [1, T, NB]``."""
+def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
+    """index_scores_kernel with the plan's one-row (CUDA-core) tiling, or with ``blocks``
+    blocks per program (the pipelined walk of a large grid); ``f32 [1, T, NB]``."""
     q, pool, table, positions, requests = (np.asarray(a) for a in case.args()[:5])
     rows, requests_n = len(positions), table.shape[0]
     plan = index_scores.plan(rows, 1, requests_n, case.num_blocks, num_sms=132)
     assert plan.one_row, plan
+    if blocks is not None:
+        grid = (plan.grid[0], -(-case.num_blocks // blocks), 1)
+        plan = dataclasses.replace(plan, blocks=blocks, grid=grid)
     out = HostArray(np.full((1, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](
@@ -77,14 +82,16 @@ def one_row_scores(case, q_round: str) -> np.ndarray:
 
 
 def check_one_row_index_scores(rng) -> None:
-    """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle. bf16
+    """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle, at 1, 2
+    and 4 blocks per program. bf16
     queries kept as bf16 (q_round="none"), scales 110..140: within 2 ulp of the magnitude."""
     kw = dict(num_heads=1, num_blocks=6, table_width=8, num_pages=40)
     exact = decode_index_case(rng, [700, 40, 129, 1, 0], 1, q_dtype="e4m3", per_token=True,
                               scale_lo=124, scale_hi=130, **kw)
-    got = one_row_scores(exact, "e4m3")
     want = oracle.index_scores(*exact.args(), num_blocks=exact.num_blocks, sm_scale=SM_SCALE)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    for blocks in (None, 2, 4):  # 4: the second program's last two blocks lie past NB
+        got = one_row_scores(exact, "e4m3", blocks)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, scale_lo=110, scale_hi=140,
                              **kw)
     got = one_row_scores(case, "none")

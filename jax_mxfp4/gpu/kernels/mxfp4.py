@@ -174,21 +174,33 @@ def words_fp32(words):
 
 
 @triton.jit
-def row_page_logits(q, page_ptr):
+def row_scales(page_ptr, ok):
+    """A page's scale bytes ``int32 [128, 4]`` for :func:`row_logits` (zeros where ``ok``, a
+    scalar, is false). Triton changes their layout right after the load, which waits for it:
+    load them where that wait overlaps other loads in flight, not before arithmetic."""
+    byte = SCALE_OFFSET + tl.arange(0, 128)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    return tl.load(page_ptr + byte, mask=ok, other=0).to(tl.int32)
+
+
+@triton.jit
+def row_words(page_ptr, ok):
+    """A page's code words ``uint32 [128, 16]`` (:func:`page_words`; zeros where ``ok``, a
+    scalar, is false)."""
+    tok = tl.arange(0, 128)
+    return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
+                   + tl.arange(0, 16)[None, :], mask=ok, other=0)
+
+
+@triton.jit
+def row_logits(q, words, scales):
     """Relative logits of one query row over every token of a page, on the CUDA cores (a
     single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], exponent int32
-    [128])`` as :func:`page_logits`. ``q``: the row's values ``f32 [16, 8]`` (element
-    ``8w + k`` at ``[w, k]``), e4m3- or bf16-exact, so every product is exact.
-
-    Words are decoded by :func:`words_fp32`. The scale bytes are loaded after the codes'
-    arithmetic: loaded first or beside the codes, Triton converted their layout between the
-    two loads (serializing them) or spent more instructions (sm_90 SASS counts).
-    """
-    tok = tl.arange(0, 128)
-    per_word = tl.sum(words_fp32(page_words(page_ptr)) * q[None, :, :], axis=2)  # [128, 16]
+    [128])`` as :func:`page_logits`, from the page's :func:`row_words` and
+    :func:`row_scales`. ``q``: the row's values ``f32 [16, 8]`` (element ``8w + k`` at ``[w,
+    k]``), e4m3- or bf16-exact, so every product is exact. Words are decoded by
+    :func:`words_fp32`."""
+    per_word = tl.sum(words_fp32(words) * q[None, :, :], axis=2)  # [128, 16]
     per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
-    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
-                     + tl.arange(0, 4)[None, :]).to(tl.int32)
     smax = tl.max(scales, axis=1)
     # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
     dots = tl.sum(per_group * pow2(scales - smax[:, None] + 8), axis=1)
