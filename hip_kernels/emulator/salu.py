@@ -128,6 +128,10 @@ SOP1 = {
     "s_bcnt1_i32_b64": (64, lambda a, c: _scc_nz(_popcount(_u(a))), "arith32"),
     "s_ff1_i32_b64": (64, lambda a, c: (_ff1(_u(a)), None), "arith32"),
     "s_ff1_i32_b32": (32, lambda a, c: (_ff1(_u(a)), None), "arith"),
+    # D = D with bit S0[4:0] cleared / set (read-modify-write of the destination; its
+    # definedness, as s_cmov's, follows the source operand)
+    "s_bitset0_b32": (32, None, "bitset0"),
+    "s_bitset1_b32": (32, None, "bitset1"),
 }
 SAVEEXEC = {
     "s_and_saveexec_b64": lambda s, e: s & e,
@@ -284,12 +288,17 @@ def build_sop1(ctx, pi, base):
     writes_exec = bool(dest.regs & {EXEC, EXEC + 1})
     inst = ctx.inst
     cmov = rule == "cmov"
+    bitset = rule in ("bitset0", "bitset1")
 
     def run(m, w):
         a = ra(m, w)
         if cmov:
             res, scc = np.where(m.scc[w], _u(a), _u(m.s[dest.r][w]) if width == 32 else
                                 _u(m.s[dest.r][w]) | (_u(m.s[dest.r + 1][w]) << U64(32))), None
+        elif bitset:
+            bit = U64(1) << (_u(a) & U64(31))
+            old = _u(m.s[dest.r][w])
+            res, scc = (old | bit) if rule == "bitset1" else (old & ~bit & MASK32), None
         else:
             res, scc = fn(a, None)
         dbits = None
@@ -310,7 +319,7 @@ def build_sop1(ctx, pi, base):
         dest(m, w, res, dbits)
         if scc is not None:
             m.scc[w] = scc
-    return run, dict(ssrc=srcs | ({dest.r} if cmov else set()), sdst=dest.regs,
+    return run, dict(ssrc=srcs | ({dest.r} if cmov or bitset else set()), sdst=dest.regs,
                      reads_scc=cmov)
 
 
