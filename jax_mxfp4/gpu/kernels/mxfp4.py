@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 from jax_mxfp4 import formats
 
@@ -146,14 +147,6 @@ def fp32_of_fp16_pairs(pairs):
 
 
 @triton.jit
-def page_words(page_ptr):
-    """The code words of a page's 128 tokens: ``uint32 [128, 16]``, 8 elements each."""
-    tok = tl.arange(0, 128)
-    return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
-                   + tl.arange(0, 16)[None, :])
-
-
-@triton.jit
 def words_fp32(words):
     """The 8 elements of each code word of ``words`` (uint32 ``[N, W]``; element ``e`` at
     bits ``4e``) as fp32 ``e2m1 * 2**-14``: ``[N, W, 8]`` in element order, exact.
@@ -184,8 +177,8 @@ def row_scales(page_ptr, ok):
 
 @triton.jit
 def row_words(page_ptr, ok):
-    """A page's code words ``uint32 [128, 16]`` (:func:`page_words`; zeros where ``ok``, a
-    scalar, is false)."""
+    """The code words of a page's 128 tokens: ``uint32 [128, 16]``, 8 elements each (zeros
+    where ``ok``, a scalar, is false)."""
     tok = tl.arange(0, 128)
     return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
                    + tl.arange(0, 16)[None, :], mask=ok, other=0)
@@ -208,6 +201,14 @@ def row_logits(q, words, scales):
 
 
 @triton.jit
+def code_bytes(page_ptr, ok):
+    """A page's code bytes ``uint8 [128, 64]`` in one load (zeros where ``ok``, a scalar, is
+    false)."""
+    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    return tl.load(page_ptr + byte, mask=ok, other=0)
+
+
+@triton.jit
 def scale_words(page_ptr, ok):
     """Each token's 4 scale bytes as one uint32 ``[128]`` (group ``g`` in bits ``8g``): one
     load and one layout change for the page instead of one per group. Zeros where ``ok``
@@ -223,13 +224,18 @@ def scale_byte(words, g: tl.constexpr):
 
 
 @triton.jit
+def group_bytes(words):
+    """Every group's scale byte of each of ``words`` (:func:`scale_words`): int32 ``[N, 4]``."""
+    return ((words[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF).to(tl.int32)
+
+
+@triton.jit
 def load_keys(page_ptr, ok):
     """A key page's raw bytes in two loads issued together (a load per group would wait for
     each group's layout change before the next group's load): the four groups' code bytes
     ``uint8 [128, 16]`` and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
     scalar) is false."""
-    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
-    codes = tl.load(page_ptr + byte, mask=ok, other=0)
+    codes = code_bytes(page_ptr, ok)
     scales = scale_words(page_ptr, ok)
     # [128, 64] -> [128, 16, 2 (group bit 1), 2 (group bit 0)], then split to the groups
     quads = tl.permute(tl.reshape(codes, (128, 2, 2, 16)), (0, 3, 1, 2))
@@ -237,6 +243,14 @@ def load_keys(page_ptr, ok):
     b0, b2 = tl.split(even)
     b1, b3 = tl.split(odd)
     return b0, b1, b2, b3, scales
+
+
+@constexpr_function
+def fp16_keys(q_dtype, use_fp8, ptx) -> bool:
+    """Whether :func:`group_dot` takes the keys as fp16 ``e2m1 * 2**-14`` straight from the
+    bytes (fp16 queries where inline PTX runs) rather than as e4m3 ``e2m1 * 2**-6``: the one
+    rule :func:`key_exponent` must follow too."""
+    return bool(ptx) and not use_fp8 and q_dtype == tl.float16
 
 
 @triton.jit
@@ -251,7 +265,7 @@ def group_dot(q_g, codes, s_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
     """
     if USE_FP8:
         dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes)))
-    elif PTX and q_g.dtype == tl.float16:
+    elif fp16_keys(q_g.dtype, USE_FP8, PTX):
         dots = tl.dot(q_g, tl.trans(nibbles_fp16(codes)))
     else:
         dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes).to(q_g.dtype)))
@@ -261,7 +275,7 @@ def group_dot(q_g, codes, s_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
 @triton.jit
 def key_exponent(q_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
     """``q . k = dots * 2**key_exponent`` for :func:`group_dot`'s dots of ``q_g``'s dtype."""
-    if (not USE_FP8) and PTX and q_g.dtype == tl.float16:
+    if fp16_keys(q_g.dtype, USE_FP8, PTX):
         return smax - 127 + 14
     return smax - 127 + 6
 
@@ -350,8 +364,7 @@ def folded_page_logits(q, page_ptr, live):
 def load_values(page_ptr, ok):
     """A value page's raw bytes: codes ``uint8 [128, 64]`` and scale words
     (:func:`scale_words`). Zeros where ``ok`` (a scalar) is false."""
-    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
-    return tl.load(page_ptr + byte, mask=ok, other=0), scale_words(page_ptr, ok)
+    return code_bytes(page_ptr, ok), scale_words(page_ptr, ok)
 
 
 @triton.jit
@@ -359,7 +372,7 @@ def value_factors(scales, live):
     """bf16 ``[128, 4]``: each group's scale ``2**(byte - 127)`` (its bf16 bits are ``byte <<
     7``: byte 0 gives 0, the fp32 kernels' ``pow2``), NaN for byte 255, 0 where ``live``
     (bool [128]) is false."""
-    byte = (scales[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF
+    byte = group_bytes(scales)
     bits = (byte << 7) | tl.where(byte == NAN_BYTE, 0x40, 0)
     bits = tl.where(live[:, None], bits, 0)
     return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -385,7 +398,7 @@ def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
     straight from the bytes (:func:`scaled_nibbles_bf16`): no fp32 tile of the page is ever
     held."""
     if (not PTX) or (DTYPE != tl.bfloat16):
-        byte = ((scales[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF).to(tl.int32)
+        byte = group_bytes(scales)
         x = tl.reshape(nibbles_fp8(codes).to(tl.float32), (128, 4, 32)) * 64.0  # e2m1, exact
         x = x * pow2(byte - 127)[:, :, None]
         x = tl.where((byte == NAN_BYTE)[:, :, None], float("nan"), x)

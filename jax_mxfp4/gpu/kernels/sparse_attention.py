@@ -316,8 +316,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     mxfp8 = call.params["output"] == "mxfp8"
     constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
                  "Q_IS_FP8": jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn,
-                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots,
-                 "PV_DTYPE": tl.bfloat16}
+                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots, "PV_DTYPE": tl.bfloat16}
     scalars = {"HKV": np.int32(kv_heads), "P": np.int32(call.avals_in[1].shape[0]),
                "NPAGES": np.int32(n), "sm_scale": np.float32(call.params["sm_scale"])}
     inputs = ("q_ptr", "k_ptr", "v_ptr", "table_ptr", "ctx_ptr")
