@@ -9,7 +9,8 @@
 ``--probes`` instead times write_cache's kernel with and without its last-writer scan, and
 the attention kernel at 4 and 8 warps (``--attention-variants``: that alone, at 1 and 2 pages
 per split too); ``--index-variants`` the index scorer's decode tilings;
-``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows).
+``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows);
+``--select-variants`` select_blocks at several rows per program and warps.
 """
 
 from __future__ import annotations
@@ -249,6 +250,51 @@ def index_fold_variants(device: str = "cuda", timer=None,
               + ", ".join(results), flush=True)
 
 
+def select_variants(device: str = "cuda", timer=None,
+                    shapes=((4096, 256, 16), (32, 1024, 16), (32, 4096, 16), (4096, 256, 64)),
+                    old=None) -> None:
+    """select_blocks_kernel at its plan and at other rows per program / warps (Triton launches
+    on torch tensors, ``triton.testing.do_bench``); ``old``: a module holding an earlier
+    ``select_blocks_kernel`` (one row per program, no ROWS) timed beside it. Shapes: (rows,
+    blocks per row, topk); one head, every row at its context's end."""
+    import torch
+    import triton
+
+    from jax_mxfp4.gpu.kernels import select_blocks as kernels
+
+    timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
+    gen = torch.Generator().manual_seed(0)
+    for rows, nb, topk in shapes:
+        scores = torch.randn((1, rows, nb), generator=gen).to(device)
+        table = torch.randint(0, 1 << 20, (rows, nb), generator=gen, dtype=torch.int32).to(device)
+        pos = torch.full((rows,), nb * 128 - 1, dtype=torch.int32, device=device)
+        req = torch.arange(rows, dtype=torch.int32, device=device)
+        outs = (torch.empty((1, rows, topk), dtype=torch.int32, device=device),
+                torch.empty((rows, 1, topk), dtype=torch.int32, device=device),
+                torch.empty((rows, 1), dtype=torch.int32, device=device))
+        args = (scores, table, pos, req, *outs, rows, rows, nb, nb, 0, 1)
+        plan = kernels.plan(rows, nb, topk)
+        results = []
+        if old is not None:
+            fn = functools.partial(old.select_blocks_kernel[(rows, 1, 1)], *args, H=1,
+                                   NBP=kernels.padded(nb), TOPK=topk, KP=kernels.padded(topk),
+                                   num_warps=4 if nb <= 2048 else 8)
+            results.append(f"arg-max passes {timer(fn):.1f} us")
+        for per_program in sorted({plan.rows_per_program, max(1, plan.rows_per_program // 4),
+                                   plan.rows_per_program * 2}):
+            for warps in sorted({plan.num_warps, max(1, plan.num_warps // 2),
+                                 min(8, plan.num_warps * 2)}):
+                grid = (triton.cdiv(rows, per_program), 1, 1)
+                fn = functools.partial(
+                    kernels.select_blocks_kernel[grid], *args, H=1, NBP=plan.blocks, TOPK=topk,
+                    KP=plan.selections, ROWS=per_program, num_warps=warps)
+                mark = " (plan)" if (per_program, warps) == (plan.rows_per_program,
+                                                              plan.num_warps) else ""
+                results.append(f"{per_program} rows {warps} w{mark} {timer(fn):.1f} us")
+        print(f"select_blocks {rows} rows x {nb} blocks top-{topk}: " + ", ".join(results),
+              flush=True)
+
+
 PLAIN = "--plain" in sys.argv
 
 
@@ -265,6 +311,16 @@ def main() -> int:
         return 0
     if "--fold-variants" in sys.argv:
         index_fold_variants()
+        return 0
+    if "--select-variants" in sys.argv:
+        old = None
+        if "--old-select" in sys.argv:  # a module file given after the flag
+            import importlib.util
+            path = sys.argv[sys.argv.index("--old-select") + 1]
+            spec = importlib.util.spec_from_file_location("old_select", path)
+            old = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(old)
+        select_variants(old=old)
         return 0
     e4m3_check()
     harness_floor()

@@ -52,6 +52,10 @@ def _cases():
             lambda *a: tuple(jm.select_blocks(*a, topk=16)),
             (jax.ShapeDtypeStruct((1, 8, 16), jnp.float32), i32(8, 16), i32(8), i32(8)),
         ),
+        "select_blocks_512K": (  # one row per program over 8 warps
+            lambda *a: tuple(jm.select_blocks(*a, topk=64)),
+            (jax.ShapeDtypeStruct((1, 3, 4096), jnp.float32), i32(2, 4096), i32(3), i32(3)),
+        ),
         "attention_split": (
             lambda *a: jm.sparse_attention(*a, sm_scale=SM_SCALE),
             (bf16(2, 16, 128), kv, kv, i32(2, 1, 16), i32(2, 1)),

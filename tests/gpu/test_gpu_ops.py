@@ -222,6 +222,24 @@ def test_select_blocks(rng, topk, init, local):
     assert_bits(kernel, ref)
 
 
+@pytest.mark.parametrize("num_blocks,topk,rows", [(1024, 16, 37), (4096, 64, 5), (200, 128, 300)],
+                         ids=["128K", "512K", "short-rows"])
+def test_select_blocks_long_rows(rng, num_blocks, topk, rows):
+    """Rows of 128K and 512K contexts (several rows per program, or one program spanning 8
+    warps), scores with ties, NaN and infinities: bit-equal to the reference lowering."""
+    table = rng.integers(0, 10_000, (4, num_blocks)).astype(np.int32)
+    positions = rng.integers(-1, num_blocks * 128, rows).astype(np.int32)
+    positions[0] = num_blocks * 128 - 1
+    requests = rng.integers(0, 5, rows).astype(np.int32)  # 4: a padding row
+    scores = (np.round(rng.standard_normal((2, rows, num_blocks)) * 4) / 4).astype(np.float32)
+    poison = rng.random(scores.shape) < 0.01
+    scores[poison] = rng.choice(np.array([np.nan, np.inf, -np.inf], np.float32), poison.sum())
+    kernel, ref = both(jm.select_blocks, scores, table, positions, requests, topk=topk,
+                       init_blocks=2, local_blocks=3)
+    assert (ref.block_ids >= 0).sum() > rows  # most rows select something
+    assert_bits(kernel, ref)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 600], ids=["split", "split7", "direct"])
 @pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
 def test_sparse_attention(rng, rows, q_dtype):
