@@ -10,7 +10,9 @@
 the attention kernel at 4 and 8 warps (``--attention-variants``: that alone, at 1 and 2 pages
 per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows);
-``--select-variants`` select_blocks at several rows per program and warps.
+``--select-variants`` select_blocks at several rows per program and warps;
+``--split-plans`` the sparse-attention decode cells through the whole lowering (split kernel
+and merge, CUPTI device time by kernel) at one and at two pages per split, interleaved.
 """
 
 from __future__ import annotations
@@ -295,6 +297,30 @@ def select_variants(device: str = "cuda", timer=None,
               flush=True)
 
 
+def split_plans(per_split=(2, 1), rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
+    """The bench's sparse-attention decode cells (rows x 16 pages) lowered with
+    ``plans.PAGES_PER_SPLIT`` set to each of ``per_split`` in turn (the lowering reads it when
+    a call is lowered, so each setting compiles its own kernels), ``rounds`` times
+    interleaved: CUPTI device time per call by kernel, the split kernel and its merge side by
+    side. The constant is restored afterwards."""
+    from jax_mxfp4 import plans
+
+    saved = plans.PAGES_PER_SPLIT
+    try:
+        for r in range(rounds):
+            for pages in per_split:
+                plans.PAGES_PER_SPLIT = pages
+                for n in rows:
+                    cell = bench_gpu.attention_cell(f"{n} rows x 16 pages", n)
+                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
+                    parts = ", ".join(f"{name.split('_kernel')[0]} {dur * 1e6:.1f}"
+                                      for name, dur in sorted(t.kernels.items()))
+                    print(f"round {r} {pages} pages/split {n} rows: {t.device * 1e6:.1f} us "
+                          f"({parts})", flush=True)
+    finally:
+        plans.PAGES_PER_SPLIT = saved
+
+
 PLAIN = "--plain" in sys.argv
 
 
@@ -311,6 +337,9 @@ def main() -> int:
         return 0
     if "--fold-variants" in sys.argv:
         index_fold_variants()
+        return 0
+    if "--split-plans" in sys.argv:
+        split_plans()
         return 0
     if "--select-variants" in sys.argv:
         old = None
