@@ -34,7 +34,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
 from jax_mxfp4.gpu.kernels.sparse_attention import FLT_MIN, LOG2E, _max_nan
 
 NUM_WARPS = 4
@@ -48,12 +47,17 @@ B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ACC.value, k_wid
 K_CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
                                         warps_per_cta=[NUM_WARPS, 1, 1], order=[2, 1, 0]))
 """One scale group's key bytes ``[warp, 32 tokens, 16]``: a lane holds one code word."""
-V_CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 2, 8], threads_per_warp=[1, 4, 8],
-                                        warps_per_cta=[NUM_WARPS, 1, 1], order=[1, 2, 0]))
-"""A page's value bytes ``[warp, 32 tokens, 64]``: a lane holds 8 bytes of two consecutive
-tokens, the token pair innermost (the PV operand's ``k`` pair)."""
+V_CODES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 8, 0], [0, 16, 0]],
+    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[NUM_WARPS, 32, 64]))
+"""A page's value bytes ``[warp, 32 tokens, 64]``: a lane holds 8 bytes (two code words) of
+two consecutive tokens, bytes innermost (the decode takes a word per step); the PV operand's
+``k`` pair is the token pair, so each decoded register pair is transposed into it."""
 ROWS = gl.constexpr(gl.SliceLayout(2, ACC))  # [warp, 16]: per q head
-Q_TILE = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0]))  # [16, 128]
+Q_TILE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
+"""The query tile ``[16, 128]``: a thread holds column bits 0-1 and 5-6 (nibble, b0, g0, g1)
+in registers, so the operands split off along them without moving data."""
 TOKENS = gl.constexpr(gl.SliceLayout(1, ACC))  # [warp, 32]: per token
 
 
@@ -71,6 +75,24 @@ def value_operand_order(half):
     n]`` in :func:`value_column` order."""
     blocks = tl.reshape(half, (half.shape[0], 32, 8, 8))  # [w, tok, n % 8, n // 8]
     return tl.reshape(tl.permute(blocks, (0, 1, 3, 2)), (half.shape[0], 32, 64))
+
+
+@triton.jit
+def query_operand_order(qn):
+    """``[16, 128]`` query rows -> the eight ``[16, 16]`` operands (group 0 low nibble, group
+    0 high, group 1 low, ..), column ``v`` of operand ``(g, nib)`` holding column ``32 g +
+    index_tile_gluon.key_column(v, nib)``: columns ``(g1, g0, c, b1, b0, nib)`` reordered to
+    ``[row, v = (b1, c, b0) | g1, g0, nib]`` and split off along the last three."""
+    parts = tl.reshape(qn, (qn.shape[0], 2, 2, 4, 2, 2, 2))
+    parts = tl.reshape(tl.permute(parts, (0, 4, 3, 5, 1, 2, 6)), (qn.shape[0], 16, 2, 2, 2))
+    lo, hi = tl.split(parts)  # nibble
+    lo0, lo1 = tl.split(lo)  # g0
+    hi0, hi1 = tl.split(hi)
+    g0l, g2l = tl.split(lo0)  # g1
+    g1l, g3l = tl.split(lo1)
+    g0h, g2h = tl.split(hi0)
+    g1h, g3h = tl.split(hi1)
+    return g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h
 
 
 @triton.jit
@@ -149,57 +171,40 @@ def _value_operands(v_codes, v_scales, live):
 
 
 @gluon.jit
-def _query_operands(q_ptr, qrow, g_ok, q_scale, Q_IS_FP8: gl.constexpr):
-    """The eight A operands ``fp16 [warp, 16, 16]`` (group, nibble) of the normalized query,
-    the same in every warp, in ``key_column`` order."""
-    per_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, A_OP))
-    rows = gl.convert_layout(qrow, per_row)
-    ok = gl.convert_layout(g_ok, per_row)
-    scale = gl.convert_layout(q_scale, per_row)
-    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, A_OP)))
-    row_base = q_ptr + w[:, None, None] * 0 + rows[None, :, None] * 128
-    return (_query_operand(row_base, ok, scale, 0, 0, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 0, 1, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 1, 0, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 1, 1, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 2, 0, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 2, 1, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 3, 0, Q_IS_FP8),
-            _query_operand(row_base, ok, scale, 3, 1, Q_IS_FP8))
-
-
-@gluon.jit
-def _query_operand(row_base, ok, scale, g: gl.constexpr, nib: gl.constexpr,
-                   Q_IS_FP8: gl.constexpr):
-    v = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, A_OP)))
-    x = gl.load(row_base + 32 * g + key_column(v, nib)[None, None, :], mask=ok[None, :, None],
-                other=0.0)
-    if Q_IS_FP8:
-        return x.to(gl.float16)
-    return mxfp4.round_e4m3(gl.div_rn(x.to(gl.float32), scale[None, :, None])).to(gl.float16)
-
-
-@gluon.jit
-def _query_scale(q_ptr, qrow, g_ok, Q_IS_FP8: gl.constexpr):
-    """Per q head ``q_scale = max(amax / 448, FLT_MIN)`` (1 for an e4m3 query), its exponent
-    and mantissa (SPEC §15.9), from a plain load of the rows."""
+def _query(q_ptr, qrow, g_ok, Q_IS_FP8: gl.constexpr):
+    """The query rows normalized once per program (SPEC §15.9: ``q_scale = max(amax / 448,
+    FLT_MIN)`` per q head, e4m3-rounded; an e4m3 query as is), as the eight A operands ``fp16
+    [warp, 16, 16]`` (group, nibble; the same in every warp, in ``key_column`` order), with
+    each head's scale exponent and mantissa."""
     rows = gl.convert_layout(qrow, gl.SliceLayout(1, Q_TILE))
     ok = gl.convert_layout(g_ok, gl.SliceLayout(1, Q_TILE))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_TILE))
     x = gl.load(q_ptr + rows[:, None] * 128 + d[None, :], mask=ok[:, None], other=0.0)
-    bits = x.to(gl.int16, bitcast=True).to(gl.int32) & 0x7FFF
-    amax = (gl.max(bits, axis=1) << 16).to(gl.float32, bitcast=True)
-    q_scale = gl.maximum(gl.div_rn(amax, gl.full(amax.shape, 448.0, gl.float32, amax.type.layout)),
-                         FLT_MIN)
     if Q_IS_FP8:
-        q_scale = gl.full(amax.shape, 1.0, gl.float32, amax.type.layout)
-    sbits = q_scale.to(gl.int32, bitcast=True)
-    expo = ((sbits >> 23) & 0xFF) - 127
-    mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)
-    if Q_IS_FP8:
-        expo = expo * 0
-        mant = q_scale
-    return q_scale, expo, mant
+        q_exp = gl.zeros((16,), gl.int32, layout=gl.SliceLayout(1, Q_TILE))
+        q_mant = gl.full((16,), 1.0, gl.float32, layout=gl.SliceLayout(1, Q_TILE))
+        qn = x.to(gl.float16)
+    else:
+        bits = x.to(gl.int16, bitcast=True).to(gl.int32) & 0x7FFF
+        amax = (gl.max(bits, axis=1) << 16).to(gl.float32, bitcast=True)
+        q_scale = gl.maximum(gl.div_rn(amax, gl.full((16,), 448.0, gl.float32,
+                                                     layout=gl.SliceLayout(1, Q_TILE))),
+                             FLT_MIN)
+        sbits = q_scale.to(gl.int32, bitcast=True)
+        q_exp = ((sbits >> 23) & 0xFF) - 127
+        q_mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)
+        qn = mxfp4.round_e4m3(gl.div_rn(x.to(gl.float32), q_scale[:, None])).to(gl.float16)
+    g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h = query_operand_order(qn)
+    operands = (_per_warp(g0l), _per_warp(g0h), _per_warp(g1l), _per_warp(g1h),
+                _per_warp(g2l), _per_warp(g2h), _per_warp(g3l), _per_warp(g3h))
+    return operands, q_exp, q_mant
+
+
+@gluon.jit
+def _per_warp(x):
+    """A ``[16, 16]`` query operand, the same in every warp: ``[warp, 16, 16]`` in ``A_OP``."""
+    y = gl.convert_layout(x, gl.SliceLayout(0, A_OP))[None, :, :]
+    return gl.broadcast(y, gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP))[0]
 
 
 @gluon.jit
@@ -252,8 +257,7 @@ def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr
     g = gl.arange(0, 16, layout=gl.SliceLayout(0, ROWS))
     g_ok = g < G
     qrow = t.to(gl.int64) * HKV * G + h * G + g
-    q_scale, q_exp, q_mant = _query_scale(q_ptr, qrow, g_ok, Q_IS_FP8)
-    qa = _query_operands(q_ptr, qrow, g_ok, q_scale, Q_IS_FP8)
+    qa, q_exp, q_mant = _query(q_ptr, qrow, g_ok, Q_IS_FP8)
     q_exp = gl.convert_layout(q_exp, gl.SliceLayout(0, ROWS))[None, :]
     q_mant = gl.convert_layout(q_mant, gl.SliceLayout(0, ROWS))[None, :]
     g_ok2 = g_ok[None, :]
