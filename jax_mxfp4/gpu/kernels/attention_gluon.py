@@ -59,6 +59,13 @@ Q_TILE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
 """The query tile ``[16, 128]``: a thread holds column bits 0-1 and 5-6 (nibble, b0, g0, g1)
 in registers, so the operands split off along them without moving data."""
 TOKENS = gl.constexpr(gl.SliceLayout(1, ACC))  # [warp, 32]: per token
+MERGE = gl.constexpr(gl.BlockedLayout(size_per_thread=[NUM_WARPS, 1, 8],
+                                      threads_per_warp=[1, 4, 8],
+                                      warps_per_cta=[1, NUM_WARPS, 1], order=[2, 1, 0]))
+"""The warps' weighted outputs ``[warp, 16, 64]`` read back from shared memory with every
+warp's value of an element in one thread: the merge adds them in registers."""
+STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                               order=[2, 1, 0]))
 
 
 @triton.jit
@@ -244,6 +251,14 @@ def _attend(qa, q_exp, q_mant, page, first_tok, ctx, sm_scale, m_i, l_i, acc_lo,
 
 
 @gluon.jit
+def _warp_sum(x):
+    """``sum(x, axis=0)`` of a ``[warp, 16, 64]`` accumulator through one shared-memory round
+    trip (a store per warp, a barrier, a load of all four per thread), in warp order."""
+    staged = gl.allocate_shared_memory(gl.float32, [WARPS, 16, 64], STAGING, x)
+    return gl.sum(staged.load(MERGE), axis=0)
+
+
+@gluon.jit
 def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr, l_ptr, HKV, P,
                            NPAGES, sm_scale, G: gl.constexpr, PAGES: gl.constexpr,
                            SPLITS: gl.constexpr, Q_IS_FP8: gl.constexpr):
@@ -279,8 +294,8 @@ def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr
     total = gl.sum(weight, axis=0)
     inv_total = gl.where(total > 0, 1.0 / gl.where(total > 0, total, 1.0), 0.0)
     share = gl.convert_layout(weight * inv_total[None, :], ROWS)[:, :, None]
-    o_lo = gl.sum(acc_lo * share, axis=0)  # [16, 64]
-    o_hi = gl.sum(acc_hi * share, axis=0)
+    o_lo = _warp_sum(acc_lo * share)  # [16, 64]
+    o_hi = _warp_sum(acc_hi * share)
     nan_rows = gl.convert_layout(poisoned > 0, gl.SliceLayout(1, o_lo.type.layout))[:, None]
     o_lo = gl.where(nan_rows, float("nan"), o_lo)
     o_hi = gl.where(nan_rows, float("nan"), o_hi)
