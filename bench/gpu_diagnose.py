@@ -13,7 +13,8 @@ per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--select-variants`` select_blocks at several rows per program and warps;
 ``--split-plans`` the sparse-attention decode cells through the whole lowering (split kernel
 and merge, CUPTI device time by kernel) at one and at two pages per split, interleaved;
-``--gluon-partials`` the same cells with the Gluon split kernel and with the Triton one.
+``--gluon-partials`` the same cells and the index S = 4-8 cells with the Gluon kernels and
+with the Triton ones.
 """
 
 from __future__ import annotations
@@ -309,19 +310,25 @@ def _attention_cells(label: str, rows) -> None:
 
 
 def gluon_partials(rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
-    """The attention decode cells with ``sparse_attention.GLUON_PARTIALS`` on and off,
-    ``rounds`` times interleaved (the lowering reads it when a call is lowered)."""
-    from jax_mxfp4.gpu.kernels import sparse_attention
+    """The attention decode cells and the index S = 4-8 cells with the Gluon kernels
+    (``sparse_attention.GLUON_PARTIALS``, ``index_scores.GLUON_TILES``) and with the Triton
+    ones, ``rounds`` times interleaved (the lowering reads the flags when a call is lowered)."""
+    from jax_mxfp4.gpu.kernels import index_scores, sparse_attention
 
-    saved = sparse_attention.GLUON_PARTIALS
+    saved = sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES
+    index_cells = [c for c in bench_gpu.cells() if c.label in ("b8 S4 H1 ctx 128K",
+                                                               "b32 S8 H1 ctx 32K")]
     try:
         for r in range(rounds):
             for gluon in (True, False):
-                sparse_attention.GLUON_PARTIALS = gluon
-                _attention_cells(f"round {r} {'gluon' if gluon else 'triton'} split kernel",
-                                 rows)
+                sparse_attention.GLUON_PARTIALS = index_scores.GLUON_TILES = gluon
+                label = f"round {r} {'gluon' if gluon else 'triton'}"
+                _attention_cells(label, rows)
+                for cell in index_cells:
+                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
+                    print(f"{label} index {cell.label}: {t.device * 1e6:.1f} us", flush=True)
     finally:
-        sparse_attention.GLUON_PARTIALS = saved
+        sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES = saved
 
 
 def split_plans(per_split=(2, 1), rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
