@@ -12,7 +12,9 @@ per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows);
 ``--select-variants`` select_blocks at several rows per program and warps;
 ``--split-plans`` the sparse-attention decode cells through the whole lowering (split kernel
-and merge, CUPTI device time by kernel) at one and at two pages per split, interleaved.
+and merge, CUPTI device time by kernel) at one and at two pages per split, interleaved;
+``--gluon-partials`` the same cells and the index S = 4-8 cells with the Gluon kernels and
+with the Triton ones.
 """
 
 from __future__ import annotations
@@ -297,6 +299,38 @@ def select_variants(device: str = "cuda", timer=None,
               flush=True)
 
 
+def _attention_cells(label: str, rows) -> None:
+    """The bench's attention decode cells (rows x 16 pages), CUPTI time per kernel."""
+    for n in rows:
+        cell = bench_gpu.attention_cell(f"{n} rows x 16 pages", n)
+        t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
+        parts = ", ".join(f"{name.split('_kernel')[0]} {dur * 1e6:.1f}"
+                          for name, dur in sorted(t.kernels.items()))
+        print(f"{label} {n} rows: {t.device * 1e6:.1f} us ({parts})", flush=True)
+
+
+def gluon_partials(rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
+    """The attention decode cells and the index S = 4-8 cells with the Gluon kernels
+    (``sparse_attention.GLUON_PARTIALS``, ``index_scores.GLUON_TILES``) and with the Triton
+    ones, ``rounds`` times interleaved (the lowering reads the flags when a call is lowered)."""
+    from jax_mxfp4.gpu.kernels import index_scores, sparse_attention
+
+    saved = sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES
+    index_cells = [c for c in bench_gpu.cells() if c.label in ("b8 S4 H1 ctx 128K",
+                                                               "b32 S8 H1 ctx 32K")]
+    try:
+        for r in range(rounds):
+            for gluon in (True, False):
+                sparse_attention.GLUON_PARTIALS = index_scores.GLUON_TILES = gluon
+                label = f"round {r} {'gluon' if gluon else 'triton'}"
+                _attention_cells(label, rows)
+                for cell in index_cells:
+                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
+                    print(f"{label} index {cell.label}: {t.device * 1e6:.1f} us", flush=True)
+    finally:
+        sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES = saved
+
+
 def split_plans(per_split=(2, 1), rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
     """The bench's sparse-attention decode cells (rows x 16 pages) lowered with
     ``plans.PAGES_PER_SPLIT`` set to each of ``per_split`` in turn (the lowering reads it when
@@ -310,13 +344,7 @@ def split_plans(per_split=(2, 1), rounds: int = 2, rows=(1, 8, 32, 128, 256)) ->
         for r in range(rounds):
             for pages in per_split:
                 plans.PAGES_PER_SPLIT = pages
-                for n in rows:
-                    cell = bench_gpu.attention_cell(f"{n} rows x 16 pages", n)
-                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
-                    parts = ", ".join(f"{name.split('_kernel')[0]} {dur * 1e6:.1f}"
-                                      for name, dur in sorted(t.kernels.items()))
-                    print(f"round {r} {pages} pages/split {n} rows: {t.device * 1e6:.1f} us "
-                          f"({parts})", flush=True)
+                _attention_cells(f"round {r} {pages} pages/split", rows)
     finally:
         plans.PAGES_PER_SPLIT = saved
 
@@ -337,6 +365,9 @@ def main() -> int:
         return 0
     if "--fold-variants" in sys.argv:
         index_fold_variants()
+        return 0
+    if "--gluon-partials" in sys.argv:
+        gluon_partials()
         return 0
     if "--split-plans" in sys.argv:
         split_plans()

@@ -113,6 +113,15 @@ def _divisibility_attrs(spec: KernelSpec) -> dict:
     }
 
 
+def _is_gluon(fn) -> bool:
+    """Whether ``fn`` is a ``@gluon.jit`` kernel (Triton with explicit layouts)."""
+    try:
+        from triton.experimental.gluon._runtime import GluonJITFunction
+    except ImportError:
+        return False
+    return isinstance(fn, GluonJITFunction)
+
+
 def triton_compile(spec: KernelSpec, target: Target) -> Compiled:
     """Triton's compile of ``spec`` for ``target``, in this process."""
     import triton
@@ -120,7 +129,10 @@ def triton_compile(spec: KernelSpec, target: Target) -> Compiled:
     from triton.compiler import ASTSource
 
     constants = dict(spec.constants)
-    source = ASTSource(
+    source_type = ASTSource
+    if _is_gluon(spec.fn):
+        from triton.experimental.gluon._runtime import GluonASTSource as source_type
+    source = source_type(
         spec.fn,
         signature=dict(spec.signature),
         constexprs=constants,

@@ -27,6 +27,7 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.scaling import folded_score_scale
+from jax_mxfp4.targets import CUDA
 
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
 
@@ -290,7 +291,42 @@ def covers(call) -> str | None:
 
 
 def kernel_name(call) -> str:
-    return f"index_scores_kernel[{_dot(call)} dots]"
+    q_aval, _, table_aval = call.avals_in[:3]
+    dot, num_blocks = _dot(call), call.params["num_blocks"]
+    layout = plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0], num_blocks,
+                  call.target.units, foldable=dot != "fp8")
+    if _gluon_tile(call, layout, dot, num_blocks):
+        return f"index_tile_kernel[{dot} dots]"
+    return f"index_scores_kernel[{dot} dots]"
+
+
+GLUON_TILES = True
+"""Decode-shaped 16-row tiles on CUDA (sm_80+, fp16 dots, one block per program) from
+``index_tile_gluon.index_tile_kernel`` (keys decoded in the tensor cores' registers) instead
+of ``index_scores_kernel``. Branch ``gluon-index-tile``: to be measured on the H200."""
+
+
+def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
+    arch = call.target.arch
+    return (GLUON_TILES and call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
+            and dot == "fp16" and layout.m == 16 and not layout.one_row and not layout.fold
+            and num_blocks <= 65535)
+
+
+def _gluon_tile_launch(call, layout: Plan, scalars: dict, q_fp8: bool):
+    from jax_mxfp4.gpu.kernels import index_tile_gluon
+
+    heads = call.avals_in[0].shape[1]
+    rows = call.avals_in[0].shape[0]
+    grid = (layout.grid[0], call.params["num_blocks"], 1)
+    return triton_call.launch(
+        index_tile_gluon.index_tile_kernel, call.target,
+        grid=grid if rows and call.params["num_blocks"] and call.avals_in[2].shape[0]
+        else (0, 1, 1),
+        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
+        avals=(*call.avals_in, *call.avals_out), scalars=scalars,
+        constants={"H": heads, "ROWS": layout.rows, "Q_IS_FP8": q_fp8, "ROUND_Q": not q_fp8},
+        num_warps=index_tile_gluon.WARPS)
 
 
 def lower(ctx, call, q, pool, table, positions, requests):
@@ -302,14 +338,19 @@ def lower(ctx, call, q, pool, table, positions, requests):
     dot = _dot(call)
     layout = plan(rows, heads, num_requests, num_blocks, call.target.units,
                   foldable=dot != "fp8")
+    scalars = {"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
+               "P": np.int32(pool_aval.shape[0]), "NB": np.int32(num_blocks),
+               "score_scale": folded_score_scale(call.params["sm_scale"])}
+    if _gluon_tile(call, layout, dot, num_blocks):
+        launch = _gluon_tile_launch(call, layout, scalars, q_fp8)
+        return launcher.emit(ctx, launch, [q, pool, table, positions, requests],
+                             call.avals_in, call.avals_out)
     launch = triton_call.launch(
         index_scores_kernel, call.target,
         grid=layout.grid if rows and num_blocks and num_requests else (0, 1, 1),
         buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
         avals=(*call.avals_in, *call.avals_out),
-        scalars={"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
-                 "P": np.int32(pool_aval.shape[0]), "NB": np.int32(num_blocks),
-                 "score_scale": folded_score_scale(call.params["sm_scale"])},
+        scalars=scalars,
         constants={"H": heads, "ROWS": layout.rows, "M": layout.m, "BLOCKS": layout.blocks,
                    "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
                    "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],

@@ -33,6 +33,7 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.plans import attention_splits
+from jax_mxfp4.targets import CUDA
 
 LOG2E = tl.constexpr(1.4426950408889634)
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)
@@ -303,8 +304,42 @@ def _shape(call) -> tuple[int, int, int, int]:
 
 def kernel_name(call) -> str:
     _, group, n, _ = _shape(call)
-    splits = plan(group, n).splits
-    return "attention_kernel" if splits == 1 else f"attention_kernel[{splits} splits]+reduce_kernel"
+    layout = plan(group, n)
+    if layout.splits == 1:
+        return "attention_kernel"
+    split = "attention_split_kernel" if _gluon_partials(call, layout) else "attention_kernel"
+    return f"{split}[{layout.splits} splits]+reduce_kernel"
+
+
+GLUON_PARTIALS = True
+"""Split partials on CUDA (sm_80+, fp16 key dots, up to 16 q heads per kv head) from
+``attention_gluon.attention_split_kernel`` (each warp owns 32 tokens of a page; the operands
+are built in registers) instead of ``attention_kernel``. Branch ``gluon-index-tile``: to be
+measured on the H200 before it stays."""
+
+
+def _gluon_partials(call, layout: Plan) -> bool:
+    arch = call.target.arch
+    return (GLUON_PARTIALS and call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
+            and not call.config.fp8_dots and layout.gp == 16)
+
+
+def _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals):
+    """The launch of the split kernel storing ``(o, m, l)`` partials."""
+    if _gluon_partials(call, layout):
+        from jax_mxfp4.gpu.kernels import attention_gluon
+
+        return triton_call.launch(
+            attention_gluon.attention_split_kernel, call.target, grid=grid,
+            buffers=(*inputs, "o_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
+            scalars=scalars,
+            constants={k: constants[k] for k in ("G", "PAGES", "SPLITS", "Q_IS_FP8")},
+            num_warps=attention_gluon.NUM_WARPS)
+    return triton_call.launch(
+        attention_kernel, call.target, grid=grid,
+        buffers=(*inputs, "out_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
+        scalars=scalars, constants=constants, nulls={"aux_ptr": jnp.uint8},
+        num_warps=layout.num_warps)
 
 
 def lower(ctx, call, q, k_pool, v_pool, pages, context):
@@ -335,11 +370,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     parts = rows * layout.splits * layout.gp
     part_avals = (ShapedArray((parts * 128,), jnp.bfloat16), ShapedArray((parts,), jnp.float32),
                   ShapedArray((parts,), jnp.float32))
-    launch = triton_call.launch(
-        attention_kernel, call.target, grid=grid,
-        buffers=(*inputs, "out_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
-        scalars=scalars, constants=constants, nulls={"aux_ptr": jnp.uint8},
-        num_warps=layout.num_warps)
+    launch = _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals)
     partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
     merge = triton_call.launch(
         reduce_kernel, call.target, grid=(rows, 1, 1),

@@ -1,0 +1,311 @@
+"""Gluon kernel (Triton with explicit layouts, CUDA sm_80+): the split-K partials of sparse
+attention with every tensor-core operand built in the registers that hold it.
+
+The Triton ``attention_kernel`` moves each page's decoded K and V tiles, and its
+probabilities, into the dots' operand layouts through shared memory (stores, barriers,
+``ldmatrix``), and its four warps share every page, so each page costs barriers and cross-warp
+reductions. Here each warp owns 32 of a page's 128 tokens for the whole page: its own logits
+``[16, 32]``, its own online softmax and its own ``[16, 128]`` output accumulator, with no
+communication between warps until the program's end, where the four states merge like split-K
+partials. Within a warp:
+
+* keys: each lane loads the code bytes whose nibbles its ``mma.sync`` B-operand registers hold
+  and decodes them in place (the column order of ``index_tile_gluon``: the query is loaded in
+  the matching order);
+* probabilities: the QK accumulator's registers are the PV dot's A operand (the FlashAttention
+  register reuse);
+* values: each lane loads 8 code bytes (16 head dims) of each of its 8 tokens, decodes them
+  scaled (``mxfp4._BF16_SCALED``) with the token pair of each register being the operand's
+  ``k`` pair; the output's columns are permuted to match (:func:`value_column`) and put back
+  when stored.
+
+Outputs are the partials ``reduce_kernel`` merges (``m``, ``l``, ``o / l`` in bf16, columns in
+``mxfp4.value_dims`` order), so it replaces the split kernel only; tables of one split keep
+the Triton kernel. The arithmetic is ``_attend_page``'s per warp (SPEC §7, §15.9, §15.18),
+merged per program as ``reduce_kernel`` merges splits.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.gpu.kernels.sparse_attention import FLT_MIN, LOG2E, _max_nan
+
+NUM_WARPS = 4
+"""Warps per program; warp ``w`` owns tokens ``32 w .. 32 w + 31`` of every page."""
+WARPS = gl.constexpr(NUM_WARPS)
+
+ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NUM_WARPS, 1, 1],
+                                             instr_shape=[1, 16, 8]))
+A_OP = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_width=2))
+B_OP = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ACC.value, k_width=2))
+K_CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
+                                        warps_per_cta=[NUM_WARPS, 1, 1], order=[2, 1, 0]))
+"""One scale group's key bytes ``[warp, 32 tokens, 16]``: a lane holds one code word."""
+V_CODES = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 8, 0], [0, 16, 0]],
+    lane_bases=[[0, 2, 0], [0, 4, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[NUM_WARPS, 32, 64]))
+"""A page's value bytes ``[warp, 32 tokens, 64]``: a lane holds 8 bytes (two code words) of
+two consecutive tokens, bytes innermost (the decode takes a word per step); the PV operand's
+``k`` pair is the token pair, so each decoded register pair is transposed into it."""
+ROWS = gl.constexpr(gl.SliceLayout(2, ACC))  # [warp, 16]: per q head
+Q_TILE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
+"""The query tile ``[16, 128]``: a thread holds column bits 0-1 and 5-6 (nibble, b0, g0, g1)
+in registers, so the operands split off along them without moving data."""
+TOKENS = gl.constexpr(gl.SliceLayout(1, ACC))  # [warp, 32]: per token
+MERGE = gl.constexpr(gl.BlockedLayout(size_per_thread=[NUM_WARPS, 1, 8],
+                                      threads_per_warp=[1, 4, 8],
+                                      warps_per_cta=[1, NUM_WARPS, 1], order=[2, 1, 0]))
+"""The warps' weighted outputs ``[warp, 16, 64]`` read back from shared memory with every
+warp's value of an element in one thread: the merge adds them in registers."""
+STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                               order=[2, 1, 0]))
+
+
+@triton.jit
+def value_column(n):
+    """The code byte (0..63) of a token that virtual output column ``n`` (0..63) of the PV
+    dots holds: lane ``n % 8`` of the B operand holds columns ``n % 8 + 8 j``, and loads bytes
+    ``8 (n % 8) + j``. The low nibbles' dot gives head dim ``2 * byte``, the high ``+ 1``."""
+    return 8 * (n % 8) + n // 8
+
+
+@triton.jit
+def value_operand_order(half):
+    """``[warp, 32 tok, 64 bytes]`` of one nibble per byte -> ``[warp, 32 tok, 64 virtual
+    n]`` in :func:`value_column` order."""
+    blocks = tl.reshape(half, (half.shape[0], 32, 8, 8))  # [w, tok, n % 8, n // 8]
+    return tl.reshape(tl.permute(blocks, (0, 1, 3, 2)), (half.shape[0], 32, 64))
+
+
+@triton.jit
+def query_operand_order(qn):
+    """``[16, 128]`` query rows -> the eight ``[16, 16]`` operands (group 0 low nibble, group
+    0 high, group 1 low, ..), column ``v`` of operand ``(g, nib)`` holding column ``32 g +
+    index_tile_gluon.key_column(v, nib)``: columns ``(g1, g0, c, b1, b0, nib)`` reordered to
+    ``[row, v = (b1, c, b0) | g1, g0, nib]`` and split off along the last three."""
+    parts = tl.reshape(qn, (qn.shape[0], 2, 2, 4, 2, 2, 2))
+    parts = tl.reshape(tl.permute(parts, (0, 4, 3, 5, 1, 2, 6)), (qn.shape[0], 16, 2, 2, 2))
+    lo, hi = tl.split(parts)  # nibble
+    lo0, lo1 = tl.split(lo)  # g0
+    hi0, hi1 = tl.split(hi)
+    g0l, g2l = tl.split(lo0)  # g1
+    g1l, g3l = tl.split(lo1)
+    g0h, g2h = tl.split(hi0)
+    g1h, g3h = tl.split(hi1)
+    return g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h
+
+
+@triton.jit
+def key_operand_order(half):
+    """``[warp, 32 tok, 16 bytes]`` of one nibble per byte -> ``[warp, 16 virtual k, 32 tok]``
+    in ``index_tile_gluon.key_column`` order."""
+    quads = tl.reshape(half, (half.shape[0], 32, 4, 2, 2))  # [w, tok, c, b1, b0]
+    return tl.reshape(tl.permute(quads, (0, 3, 2, 4, 1)), (half.shape[0], 16, 32))
+
+
+@gluon.jit
+def _warp_tokens(layout: gl.constexpr):
+    """Token (0..127) of each ``[warp, 32]`` element of a page."""
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, layout))
+    t = gl.arange(0, 32, layout=gl.SliceLayout(0, layout))
+    return 32 * w[:, None] + t[None, :]
+
+
+@gluon.jit
+def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
+    """Issue every load of page ``p`` of row ``r``: whether it holds live tokens, its four key
+    groups' bytes, its key and value scale words and its value bytes."""
+    in_ctx = p * 128 < ctx
+    page = gl.load(table_ptr + r.to(gl.int64) * NPAGES + p, mask=in_ctx, other=-1)
+    ok = in_ctx & (page >= 0) & (page < P)
+    base = (gl.where(ok, page, 0).to(gl.int64) * HKV + h) * mxfp4.PAGE_BYTES
+    kt = _warp_tokens(gl.SliceLayout(2, K_CODES))
+    kb = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_CODES)))
+    kaddr = k_ptr + base + kt[:, :, None] * 64 + kb[None, None, :]
+    k0 = gl.load(kaddr, mask=ok, other=0)
+    k1 = gl.load(kaddr + 16, mask=ok, other=0)
+    k2 = gl.load(kaddr + 32, mask=ok, other=0)
+    k3 = gl.load(kaddr + 48, mask=ok, other=0)
+    st = _warp_tokens(TOKENS)
+    k_words = (k_ptr + base).to(gl.pointer_type(gl.uint32)) + mxfp4.SCALE_OFFSET // 4
+    k_scales = gl.load(k_words + st, mask=ok, other=0)
+    vt = _warp_tokens(gl.SliceLayout(2, V_CODES))
+    vb = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, V_CODES)))
+    v_codes = gl.load(v_ptr + base + vt[:, :, None] * 64 + vb[None, None, :], mask=ok, other=0)
+    v_words = (v_ptr + base).to(gl.pointer_type(gl.uint32)) + mxfp4.SCALE_OFFSET // 4
+    v_scales = gl.load(v_words + vt, mask=ok, other=0)
+    return ok, k0, k1, k2, k3, k_scales, v_codes, v_scales
+
+
+@gluon.jit
+def _key_operands(raw):
+    """One group's key bytes -> the two B operands (low, high nibbles) ``fp16 [warp, 16, 32]``,
+    ``e2m1 * 2**-14``."""
+    lo, hi = gl.inline_asm_elementwise(mxfp4._FP16_PAIRS, "=r,=r,=r,=r,r", [raw],
+                                       dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
+    return (gl.convert_layout(key_operand_order(lo), B_OP),
+            gl.convert_layout(key_operand_order(hi), B_OP))
+
+
+@gluon.jit
+def _group_dot(qa_lo, qa_hi, raw, zero):
+    k_lo, k_hi = _key_operands(raw)
+    return mma_v2(qa_hi, k_hi, mma_v2(qa_lo, k_lo, zero))
+
+
+@gluon.jit
+def _value_operands(v_codes, v_scales, live):
+    """A page's value bytes -> the two B operands (low, high nibbles) ``bf16 [warp, 32, 64]``:
+    ``e2m1 * 2**(byte - 127)`` exactly, NaN for scale byte 255, zeros where not ``live``."""
+    b = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, V_CODES)))
+    shift = 8 * (b // 16)
+    byte = (v_scales[:, :, None] >> shift[None, None, :]) & 0xFF
+    bits = (byte << 7) | gl.where(byte == mxfp4.NAN_BYTE, 0x40, 0)
+    bits = gl.where(gl.convert_layout(live, gl.SliceLayout(2, V_CODES))[:, :, None], bits, 0)
+    factor = bits.to(gl.uint16).to(gl.bfloat16, bitcast=True)
+    lo, hi = gl.inline_asm_elementwise(mxfp4._BF16_SCALED, "=r,=r,=r,=r,r,r,r",
+                                       [v_codes, factor], dtype=(gl.bfloat16, gl.bfloat16),
+                                       is_pure=True, pack=4)
+    return (gl.convert_layout(value_operand_order(lo), B_OP),
+            gl.convert_layout(value_operand_order(hi), B_OP))
+
+
+@gluon.jit
+def _query(q_ptr, qrow, g_ok, Q_IS_FP8: gl.constexpr):
+    """The query rows normalized once per program (SPEC §15.9: ``q_scale = max(amax / 448,
+    FLT_MIN)`` per q head, e4m3-rounded; an e4m3 query as is), as the eight A operands ``fp16
+    [warp, 16, 16]`` (group, nibble; the same in every warp, in ``key_column`` order), with
+    each head's scale exponent and mantissa."""
+    rows = gl.convert_layout(qrow, gl.SliceLayout(1, Q_TILE))
+    ok = gl.convert_layout(g_ok, gl.SliceLayout(1, Q_TILE))
+    d = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_TILE))
+    x = gl.load(q_ptr + rows[:, None] * 128 + d[None, :], mask=ok[:, None], other=0.0)
+    if Q_IS_FP8:
+        q_exp = gl.zeros((16,), gl.int32, layout=gl.SliceLayout(1, Q_TILE))
+        q_mant = gl.full((16,), 1.0, gl.float32, layout=gl.SliceLayout(1, Q_TILE))
+        qn = x.to(gl.float16)
+    else:
+        bits = x.to(gl.int16, bitcast=True).to(gl.int32) & 0x7FFF
+        amax = (gl.max(bits, axis=1) << 16).to(gl.float32, bitcast=True)
+        q_scale = gl.maximum(gl.div_rn(amax, gl.full((16,), 448.0, gl.float32,
+                                                     layout=gl.SliceLayout(1, Q_TILE))),
+                             FLT_MIN)
+        sbits = q_scale.to(gl.int32, bitcast=True)
+        q_exp = ((sbits >> 23) & 0xFF) - 127
+        q_mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)
+        qn = mxfp4.round_e4m3(gl.div_rn(x.to(gl.float32), q_scale[:, None])).to(gl.float16)
+    g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h = query_operand_order(qn)
+    operands = (_per_warp(g0l), _per_warp(g0h), _per_warp(g1l), _per_warp(g1h),
+                _per_warp(g2l), _per_warp(g2h), _per_warp(g3l), _per_warp(g3h))
+    return operands, q_exp, q_mant
+
+
+@gluon.jit
+def _per_warp(x):
+    """A ``[16, 16]`` query operand, the same in every warp: ``[warp, 16, 16]`` in ``A_OP``."""
+    y = gl.convert_layout(x, gl.SliceLayout(0, A_OP))[None, :, :]
+    return gl.broadcast(y, gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP))[0]
+
+
+@gluon.jit
+def _attend(qa, q_exp, q_mant, page, first_tok, ctx, sm_scale, m_i, l_i, acc_lo, acc_hi, g_ok):
+    """One page of each warp's online softmax (``_attend_page`` per warp): returns the updated
+    ``(m_i, l_i, acc_lo, acc_hi)``."""
+    _, k0, k1, k2, k3, k_scales, v_codes, v_scales = page
+    s0, s1 = mxfp4.scale_byte(k_scales, 0), mxfp4.scale_byte(k_scales, 1)
+    s2, s3 = mxfp4.scale_byte(k_scales, 2), mxfp4.scale_byte(k_scales, 3)
+    smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
+    zero = gl.zeros((WARPS, 16, 32), gl.float32, layout=ACC)
+    dots = _group_dot(qa[0], qa[1], k0, zero) * mxfp4.pow2(s0 - smax)[:, None, :]
+    dots += _group_dot(qa[2], qa[3], k1, zero) * mxfp4.pow2(s1 - smax)[:, None, :]
+    dots += _group_dot(qa[4], qa[5], k2, zero) * mxfp4.pow2(s2 - smax)[:, None, :]
+    dots += _group_dot(qa[6], qa[7], k3, zero) * mxfp4.pow2(s3 - smax)[:, None, :]
+    dots = gl.where((smax == mxfp4.NAN_BYTE)[:, None, :], float("nan"), dots)
+    k_exp = smax - 127 + 14
+    logits = mxfp4.mul_pow2(dots, k_exp[:, None, :] + q_exp[:, :, None])
+    logits = logits * q_mant[:, :, None] * sm_scale
+    live = (first_tok + _warp_tokens(TOKENS)) < ctx
+    seen = live[:, None, :] & g_ok[:, :, None]
+    logits = gl.where(gl.abs(logits) == float("inf"), float("nan"), logits)
+    logits = gl.where(seen, logits, float("-inf"))
+    m_new = gl.maximum(m_i, gl.reduce(logits, 2, _max_nan), propagate_nan=tl.PropagateNan.ALL)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2((m_i - m_safe) * LOG2E)
+    p = gl.exp2((logits - m_safe[:, :, None]) * LOG2E)
+    l_old = l_i * alpha
+    l_i = l_old + gl.sum(p, axis=2)
+    inv_l = gl.where(l_i > 0, 1.0 / gl.where(l_i > 0, l_i, 1.0), 0.0)
+    v_lo, v_hi = _value_operands(v_codes, v_scales, live)
+    p_norm = gl.convert_layout((p * inv_l[:, :, None]).to(gl.bfloat16), A_OP)
+    keep = (l_old * inv_l)[:, :, None]
+    acc_lo = mma_v2(p_norm, v_lo, acc_lo * keep)
+    acc_hi = mma_v2(p_norm, v_hi, acc_hi * keep)
+    return m_new, l_i, acc_lo, acc_hi
+
+
+@gluon.jit
+def _warp_sum(x):
+    """``sum(x, axis=0)`` of a ``[warp, 16, 64]`` accumulator through one shared-memory round
+    trip (a store per warp, a barrier, a load of all four per thread), in warp order."""
+    staged = gl.allocate_shared_memory(gl.float32, [WARPS, 16, 64], STAGING, x)
+    return gl.sum(staged.load(MERGE), axis=0)
+
+
+@gluon.jit
+def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr, l_ptr, HKV, P,
+                           NPAGES, sm_scale, G: gl.constexpr, PAGES: gl.constexpr,
+                           SPLITS: gl.constexpr, Q_IS_FP8: gl.constexpr):
+    """``attention_kernel``'s split-K partials (``GP = 16``): q ``[T, Hkv*G, 128]``, pools
+    ``u8[P, Hkv, 8704]``, table ``s32[T*Hkv, n]``, context ``s32[T*Hkv]`` -> o ``bf16 [R,
+    SPLITS, 16, 128]`` (columns in ``mxfp4.value_dims`` order), m, l ``f32 [R, SPLITS, 16]``."""
+    r = gl.program_id(0)
+    s = gl.program_id(1)
+    t = r // HKV
+    h = r % HKV
+    g = gl.arange(0, 16, layout=gl.SliceLayout(0, ROWS))
+    g_ok = g < G
+    qrow = t.to(gl.int64) * HKV * G + h * G + g
+    qa, q_exp, q_mant = _query(q_ptr, qrow, g_ok, Q_IS_FP8)
+    q_exp = gl.convert_layout(q_exp, gl.SliceLayout(0, ROWS))[None, :]
+    q_mant = gl.convert_layout(q_mant, gl.SliceLayout(0, ROWS))[None, :]
+    g_ok2 = g_ok[None, :]
+    ctx = gl.minimum(gl.maximum(gl.load(ctx_ptr + r), 0), NPAGES * 128)
+    m_i = gl.full((WARPS, 16), float("-inf"), gl.float32, layout=ROWS)
+    l_i = gl.zeros((WARPS, 16), gl.float32, layout=ROWS)
+    acc_lo = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
+    acc_hi = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
+    for i in gl.static_range(PAGES):
+        page = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i, ctx, HKV, P, NPAGES)
+        if page[0]:
+            m_i, l_i, acc_lo, acc_hi = _attend(qa, q_exp, q_mant, page, (s * PAGES + i) * 128,
+                                               ctx, sm_scale, m_i, l_i, acc_lo, acc_hi, g_ok2)
+    # The warps' states merge as reduce_kernel merges splits (weights normalized first).
+    poisoned = gl.max((m_i != m_i).to(gl.int32), axis=0)
+    big_m = gl.max(m_i, axis=0)
+    safe_m = gl.where(big_m == float("-inf"), 0.0, big_m)
+    weight = gl.where(l_i > 0, gl.exp2((m_i - safe_m[None, :]) * LOG2E) * l_i, 0.0)
+    total = gl.sum(weight, axis=0)
+    inv_total = gl.where(total > 0, 1.0 / gl.where(total > 0, total, 1.0), 0.0)
+    share = gl.convert_layout(weight * inv_total[None, :], ROWS)[:, :, None]
+    o_lo = _warp_sum(acc_lo * share)  # [16, 64]
+    o_hi = _warp_sum(acc_hi * share)
+    nan_rows = gl.convert_layout(poisoned > 0, gl.SliceLayout(1, o_lo.type.layout))[:, None]
+    o_lo = gl.where(nan_rows, float("nan"), o_lo)
+    o_hi = gl.where(nan_rows, float("nan"), o_hi)
+    part = (r.to(gl.int64) * SPLITS + s) * 16
+    gm = gl.convert_layout(g, gl.SliceLayout(1, o_lo.type.layout))
+    n = gl.arange(0, 64, layout=gl.SliceLayout(0, o_lo.type.layout))
+    col = value_column(n)  # value_dims order: column 64 * nib + byte holds dim 2 * byte + nib
+    base = o_ptr + (part + gm)[:, None] * 128 + col[None, :]
+    gl.store(base, o_lo.to(gl.bfloat16))
+    gl.store(base + 64, o_hi.to(gl.bfloat16))
+    m_out = gl.where(poisoned > 0, float("nan"), big_m)
+    gl.store(m_ptr + part + g, gl.convert_layout(m_out, gl.SliceLayout(0, ROWS)))
+    gl.store(l_ptr + part + g, gl.convert_layout(total, gl.SliceLayout(0, ROWS)))

@@ -1,0 +1,168 @@
+"""The Gluon index tile (``jax_mxfp4.gpu.kernels.index_tile_gluon``) without a GPU: its column
+order checked in Triton's interpreter, and its sm_90 compile checked for keys that never pass
+through shared memory. (It runs on the GPU only in ``tests/gpu``.)
+
+The interpreter cannot run a Gluon kernel; the kernel's column order lives in two plain
+``triton.jit`` functions it calls (``operand_order``, the keys' reshape and permute, and
+``key_column``, the query's columns), which the interpreter runs here: element ``[k, n]`` of
+each nibble's operand must be element ``key_column(k, nib)`` of token ``n``'s group.
+(Mutations: ``b0`` and ``b1`` swapped in ``key_column``, or the permute's ``b1`` and ``c``
+swapped in ``operand_order``, fail it.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("triton.experimental.gluon")
+
+_TWIN = textwrap.dedent('''
+    import numpy as np, triton, triton.language as tl, sys
+    sys.modules["torch"] = None
+    from host_array import HostArray
+    from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column, operand_order
+
+    @triton.jit
+    def _arranged(raw_ptr, lo_ptr, hi_ptr, col_ptr):
+        tok = tl.arange(0, 128)
+        byte = tl.arange(0, 16)
+        raw = tl.load(raw_ptr + tok[:, None] * 16 + byte[None, :]).to(tl.int32)
+        k = tl.arange(0, 16)[:, None] * 128 + tl.arange(0, 128)[None, :]
+        tl.store(lo_ptr + k, operand_order(raw & 15))  # the low nibble: element 2 * byte
+        tl.store(hi_ptr + k, operand_order(raw >> 4))
+        v = tl.arange(0, 16)
+        tl.store(col_ptr + v, key_column(v, 0))
+        tl.store(col_ptr + 16 + v, key_column(v, 1))
+
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (128, 16)).astype(np.uint8)
+    lo, hi = (HostArray(np.zeros((16, 128), np.int32)) for _ in range(2))
+    cols = HostArray(np.zeros(32, np.int32))
+    _arranged[(1,)](HostArray(raw), lo, hi, cols)
+    np.savez(sys.argv[1], operands=np.stack([lo.array, hi.array]), cols=cols.array)
+''')
+
+
+def test_key_operands_hold_the_columns_the_query_is_loaded_in(tmp_path):
+    here = os.path.dirname(__file__)
+    script = tmp_path / "twin.py"
+    script.write_text(_TWIN)
+    out = tmp_path / "operands.npz"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": here})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = np.load(out)
+    operands, cols = result["operands"], result["cols"]  # [nib, 16 k, 128 tok]; [32]
+    assert sorted(cols) == list(range(32))  # every element of the group once
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (128, 16)).astype(np.uint8)
+    codes = np.stack([raw & 15, raw >> 4], axis=-1).reshape(128, 32)  # element order
+    for nib in (0, 1):
+        want = codes[:, cols[16 * nib:16 * nib + 16]].T  # [k, tok]
+        np.testing.assert_array_equal(operands[nib], want)
+
+
+def test_keys_reach_the_tensor_cores_without_shared_memory():
+    """The sm_90 compile: the only shared memory is the row maxima's cross-warp reduction
+    (1 KiB), and no key operand goes through it (no ``local_store`` of a 16-bit tile)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from jax_mxfp4.gpu.kernels import index_tile_gluon as kernels
+
+    sig = {"q_ptr": "*bf16", "pool_ptr": "*u8", "table_ptr": "*i32", "pos_ptr": "*i32",
+           "req_ptr": "*i32", "out_ptr": "*fp32", "T": "i32", "B": "i32", "W": "i32",
+           "P": "i32", "NB": "i32", "score_scale": "fp32", "H": "constexpr",
+           "ROWS": "constexpr", "Q_IS_FP8": "constexpr", "ROUND_Q": "constexpr"}
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t.startswith("*")}
+    source = GluonASTSource(kernels.index_tile_kernel, sig, attrs=attrs,
+                            constexprs={"H": 1, "ROWS": 4, "Q_IS_FP8": False, "ROUND_Q": True})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": kernels.WARPS})
+    assert compiled.metadata.shared <= 1024
+    ttgir = compiled.asm["ttgir"]
+    assert "local_store" not in ttgir or "xf16" not in ttgir.split("local_store")[1][:400]
+    assert ttgir.count("mma_v2") + ttgir.count("tt.dot") >= 8
+
+
+_ATTENTION_TWIN = textwrap.dedent('''
+    import numpy as np, triton, triton.language as tl, sys
+    sys.modules["torch"] = None
+    from host_array import HostArray
+    from jax_mxfp4.gpu.kernels.attention_gluon import (key_operand_order, query_operand_order,
+                                                       value_column, value_operand_order)
+    from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
+
+    @triton.jit
+    def _orders(q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, col_ptr, vcol_ptr):
+        r16 = tl.arange(0, 16)
+        c128 = tl.arange(0, 128)
+        qn = tl.load(q_ptr + r16[:, None] * 128 + c128[None, :])
+        ops = query_operand_order(qn)
+        o = r16[:, None] * 16 + tl.arange(0, 16)[None, :]
+        for i in tl.static_range(8):
+            tl.store(qo_ptr + i * 256 + o, ops[i])
+        w = tl.arange(0, 4)[:, None, None]
+        t = tl.arange(0, 32)[None, :, None]
+        b16 = tl.arange(0, 16)[None, None, :]
+        keys = tl.load(k_ptr + w * 512 + t * 16 + b16)
+        tl.store(ko_ptr + w * 512 + tl.arange(0, 16)[None, :, None] * 32
+                 + tl.arange(0, 32)[None, None, :], key_operand_order(keys))
+        b64 = tl.arange(0, 64)[None, None, :]
+        vals = tl.load(v_ptr + w * 2048 + t * 64 + b64)
+        tl.store(vo_ptr + w * 2048 + t * 64 + b64, value_operand_order(vals))
+        v = tl.arange(0, 16)
+        tl.store(col_ptr + v, key_column(v, 0))
+        tl.store(col_ptr + 16 + v, key_column(v, 1))
+        n = tl.arange(0, 64)
+        tl.store(vcol_ptr + n, value_column(n))
+
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 1 << 20, (16, 128)).astype(np.int32)
+    k = rng.integers(0, 1 << 20, (4, 32, 16)).astype(np.int32)
+    v = rng.integers(0, 1 << 20, (4, 32, 64)).astype(np.int32)
+    qo = HostArray(np.zeros((8, 16, 16), np.int32))
+    ko = HostArray(np.zeros((4, 16, 32), np.int32))
+    vo = HostArray(np.zeros((4, 32, 64), np.int32))
+    cols, vcols = HostArray(np.zeros(32, np.int32)), HostArray(np.zeros(64, np.int32))
+    _orders[(1,)](HostArray(q), HostArray(k), HostArray(v), qo, ko, vo, cols, vcols)
+    np.savez(sys.argv[1], q=q, k=k, v=v, qo=qo.array, ko=ko.array, vo=vo.array,
+             cols=cols.array, vcols=vcols.array)
+''')
+
+
+def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
+    """The Gluon attention prototype (``attention_gluon``): the query's eight operands hold
+    columns ``32 g + key_column(v, nib)``, the keys' operand (per warp) byte ``key_column``
+    order as the index tile's, and the values' operand column ``n`` byte ``value_column(n)``,
+    a permutation. (Mutation: the query's permute ``(0, 4, 3, 5, 1, 2, 6)`` as ``(0, 3, 4, 5,
+    1, 2, 6)`` fails it.)"""
+    here = os.path.dirname(__file__)
+    script = tmp_path / "twin.py"
+    script.write_text(_ATTENTION_TWIN)
+    out = tmp_path / "orders.npz"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": here})
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = np.load(out)
+    cols, vcols = r["cols"], r["vcols"]
+    for i in range(8):
+        g, nib = divmod(i, 2)
+        np.testing.assert_array_equal(r["qo"][i], r["q"][:, 32 * g + cols[16 * nib:16 * nib + 16]])
+    # keys: element [w, k, t] of the low-nibble order is byte b of token t where the group's
+    # element key_column(k, 0) = 2 b (the same arrangement as the index tile's)
+    byte_of_k = cols[:16] // 2
+    np.testing.assert_array_equal(r["ko"], np.transpose(r["k"][:, :, byte_of_k], (0, 2, 1)))
+    assert sorted(vcols) == list(range(64))
+    np.testing.assert_array_equal(r["vo"], r["v"][:, :, vcols])
