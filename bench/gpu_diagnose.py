@@ -310,25 +310,20 @@ def _attention_cells(label: str, rows) -> None:
 
 
 def gluon_partials(rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
-    """The attention decode cells and the index S = 4-8 cells with the Gluon kernels
-    (``sparse_attention.GLUON_PARTIALS``, ``index_scores.GLUON_TILES``) and with the Triton
-    ones, ``rounds`` times interleaved (the lowering reads the flags when a call is lowered)."""
-    from jax_mxfp4.gpu.kernels import index_scores, sparse_attention
+    """The attention decode cells and the index S = 4-8 cells under ``cuda_kernels="gluon"``
+    and ``"triton"``, ``rounds`` times interleaved (CUPTI time per kernel)."""
+    import jax_mxfp4 as jm
 
-    saved = sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES
     index_cells = [c for c in bench_gpu.cells() if c.label in ("b8 S4 H1 ctx 128K",
                                                                "b32 S8 H1 ctx 32K")]
-    try:
-        for r in range(rounds):
-            for gluon in (True, False):
-                sparse_attention.GLUON_PARTIALS = index_scores.GLUON_TILES = gluon
-                label = f"round {r} {'gluon' if gluon else 'triton'}"
+    for r in range(rounds):
+        for kernels in ("gluon", "triton"):
+            with jm.lowering_options(cuda_kernels=kernels):
+                label = f"round {r} {kernels}"
                 _attention_cells(label, rows)
                 for cell in index_cells:
                     t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
                     print(f"{label} index {cell.label}: {t.device * 1e6:.1f} us", flush=True)
-    finally:
-        sparse_attention.GLUON_PARTIALS, index_scores.GLUON_TILES = saved
 
 
 def split_plans(per_split=(2, 1), rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:

@@ -2,8 +2,8 @@
 # One device session: install the package (editable, with its FFI extensions), then (mode
 # "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
 # and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
-# step against dense attention, or the profile / diagnose modes ("gluon": branch
-# gluon-index-tile's kernels tested and timed against the Triton ones). Logs go to $OUT (the device
+# step against dense attention, or the profile / diagnose modes ("gluon": the opt-in Gluon
+# kernels tested and timed against the Triton ones). Logs go to $OUT (the device
 # tool's output folder) or ./gpu_logs.
 set -u
 MODE=${1:-tests}
@@ -54,12 +54,13 @@ elif [ "$MODE" = diagnose ]; then
   XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=$OUT/dump_cb" \
     timeout 120 $PY tests/gpu/decode_step.py --json > "$OUT/cb.txt" 2>&1; echo "cb rc=$?"; tail -3 "$OUT/cb.txt"
 elif [ "$MODE" = gluon ]; then
-  # Branch gluon-index-tile: the Gluon kernels against the oracle first, then every GPU test
-  # (the lowering takes them by default there), then side by side with the Triton kernels.
+  # The opt-in Gluon kernels (cuda_kernels="gluon") against the oracle first, then every GPU
+  # test with the lowering taking them, then side by side with the Triton kernels.
   timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_gluon_tile.py \
     tests/gpu/test_gpu_gluon_attention.py -ra > "$OUT/gluon_tests.txt" 2>&1
   echo "gluon tests rc=$?"; tail -15 "$OUT/gluon_tests.txt"
-  timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu -ra -x > "$OUT/pytest.txt" 2>&1
+  JAX_MXFP4_CUDA_KERNELS=gluon timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu -ra \
+    > "$OUT/pytest.txt" 2>&1
   echo "pytest rc=$?"; tail -8 "$OUT/pytest.txt"
   timeout 200 $PY bench/gpu_diagnose.py --gluon-partials 2>&1 | grep -E "^round" | tee "$OUT/gluon_vs_triton.txt"
 elif [ "$MODE" = step ]; then

@@ -21,6 +21,9 @@ state                          environment variable       meaning
 ``jax_mxfp4_backend``          ``JAX_MXFP4_BACKEND``      backend name (above)
 ``jax_mxfp4_gpu_fp8_dot``      ``JAX_MXFP4_GPU_FP8_DOT``  Triton QK dots on e4m3 operands (opt-in)
 ``jax_mxfp4_gfx950_kernels``   ``JAX_MXFP4_GFX950_KERNELS``  ``"flydsl"`` or ``"triton"`` on gfx950
+``jax_mxfp4_cuda_kernels``     ``JAX_MXFP4_CUDA_KERNELS``  ``"triton"``, or ``"gluon"``: the
+                                                          experimental Gluon index tile and
+                                                          attention split kernel (opt-in)
 ``jax_mxfp4_gpu_arch``         ``JAX_MXFP4_GPU_ARCH``     lower for this GPU arch (``90``,
                                                           ``gfx942``, ``gfx950``) instead of the
                                                           device's: lowering without that GPU
@@ -41,6 +44,7 @@ from jax._src import config as _jax_config
 
 AUTO, REFERENCE = "auto", "reference"
 GFX950_KERNEL_CHOICES = ("flydsl", "triton")
+CUDA_KERNEL_CHOICES = ("triton", "gluon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +124,11 @@ _gfx950_kernels_state = _string_state(
     "jax_mxfp4_gfx950_kernels", "flydsl",
     "jax_mxfp4: on gfx950, the FlyDSL kernels where they cover a call, or the Triton ones.",
     lambda v: v in GFX950_KERNEL_CHOICES, f"one of {GFX950_KERNEL_CHOICES}")
+_cuda_kernels_state = _string_state(
+    "jax_mxfp4_cuda_kernels", "triton",
+    "jax_mxfp4: on CUDA, the Triton kernels, or (opt-in, not yet measured on a GPU) the Gluon "
+    "decode index tile and attention split kernel where they cover a call.",
+    lambda v: v in CUDA_KERNEL_CHOICES, f"one of {CUDA_KERNEL_CHOICES}")
 _gpu_arch_state = _string_state(
     "jax_mxfp4_gpu_arch", None,
     "jax_mxfp4: GPU arch to lower for (e.g. 90, gfx942, gfx950) instead of the device's.",
@@ -137,6 +146,7 @@ class LoweringConfig:
     backend: str = AUTO
     fp8_dots: bool = False
     gfx950_kernels: str = "flydsl"
+    cuda_kernels: str = "triton"
     gpu_arch: str | None = None
     gpu_units: int | None = None
 
@@ -146,7 +156,7 @@ def current_config() -> LoweringConfig:
     units = _gpu_units_state.value
     return LoweringConfig(
         backend=_backend_state.value, fp8_dots=bool(_fp8_dot_state.value),
-        gfx950_kernels=_gfx950_kernels_state.value,
+        gfx950_kernels=_gfx950_kernels_state.value, cuda_kernels=_cuda_kernels_state.value,
         gpu_arch=None if _gpu_arch_state.value in (None, "") else str(_gpu_arch_state.value),
         gpu_units=None if units in (None, "") else int(units),
     )
@@ -172,7 +182,7 @@ def backend_scope(name: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def lowering_options(*, fp8_dots: bool | None = None, gfx950_kernels: str | None = None,
-                     gpu_arch: str | int | None = None,
+                     cuda_kernels: str | None = None, gpu_arch: str | int | None = None,
                      gpu_units: int | None = None) -> Iterator[None]:
     """Set lowering switches inside the ``with`` block (this thread only); ``None`` leaves a
     switch as it is. See the module docstring for what each one does."""
@@ -181,6 +191,8 @@ def lowering_options(*, fp8_dots: bool | None = None, gfx950_kernels: str | None
             stack.enter_context(_fp8_dot_state(bool(fp8_dots)))
         if gfx950_kernels is not None:
             stack.enter_context(_gfx950_kernels_state(gfx950_kernels))
+        if cuda_kernels is not None:
+            stack.enter_context(_cuda_kernels_state(cuda_kernels))
         if gpu_arch is not None:
             stack.enter_context(_gpu_arch_state(str(gpu_arch)))
         if gpu_units is not None:

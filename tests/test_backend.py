@@ -103,8 +103,15 @@ def test_lowering_options_are_part_of_the_jit_key():
             ("gfx950", True, "triton", 64)
     write(*args)
     assert len(traces) == 2
+    with jm.lowering_options(cuda_kernels="gluon"):
+        write(*args)
+        assert backend.current_config().cuda_kernels == "gluon"
+    assert len(traces) == 3
     with pytest.raises(ValueError, match="gfx950_kernels"):
         with jm.lowering_options(gfx950_kernels="cuda"):
+            pass
+    with pytest.raises(ValueError, match="cuda_kernels"):
+        with jm.lowering_options(cuda_kernels="cutlass"):
             pass
 
 

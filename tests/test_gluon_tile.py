@@ -1,6 +1,7 @@
-"""The Gluon index tile (``jax_mxfp4.gpu.kernels.index_tile_gluon``) without a GPU: its column
-order checked in Triton's interpreter, and its sm_90 compile checked for keys that never pass
-through shared memory. (It runs on the GPU only in ``tests/gpu``.)
+"""The opt-in Gluon kernels (``cuda_kernels="gluon"``: ``index_tile_gluon``, ``attention_gluon``)
+without a GPU: their column orders checked in Triton's interpreter, the index tile's sm_90
+compile checked for keys that never pass through shared memory, and the CUDA lowering taking
+both under the switch and neither without it. (They run on the GPU in ``tests/gpu``.)
 
 The interpreter cannot run a Gluon kernel; the kernel's column order lives in two plain
 ``triton.jit`` functions it calls (``operand_order``, the keys' reshape and permute, and
@@ -166,3 +167,32 @@ def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
     np.testing.assert_array_equal(r["ko"], np.transpose(r["k"][:, :, byte_of_k], (0, 2, 1)))
     assert sorted(vcols) == list(range(64))
     np.testing.assert_array_equal(r["vo"], r["v"][:, :, vcols])
+
+
+def test_the_cuda_lowering_takes_the_gluon_kernels_only_when_asked():
+    """``jm.explain`` of an S = 4 index call and a 16-page attention call lowered for sm_90:
+    the Triton kernels by default, the Gluon ones under ``cuda_kernels="gluon"``; both compile
+    through the launcher (``jax.export``)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_mxfp4 as jm
+    from jax_mxfp4.gpu import launch
+
+    s = jax.ShapeDtypeStruct
+    pool, kv = s((64, 8704), jnp.uint8), s((64, 1, 8704), jnp.uint8)
+    i32 = jnp.int32
+    index = (lambda *a: jm.index_scores(*a, num_blocks=16, sm_scale=0.1),
+             (s((32, 1, 128), jnp.bfloat16), pool, s((8, 16), i32), s((32,), i32),
+              s((32,), i32)))
+    attend = (lambda *a: jm.sparse_attention(*a, sm_scale=0.1),
+              (s((4, 16, 128), jnp.bfloat16), kv, kv, s((4, 1, 16), i32), s((4, 1), i32)))
+    checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
+    for kernels, names in (("triton", ("index_scores_kernel", "attention_kernel[")),
+                           ("gluon", ("index_tile_kernel", "attention_split_kernel["))):
+        with jm.lowering_options(gpu_arch=90, cuda_kernels=kernels):
+            for (fn, args), name in zip((index, attend), names, strict=True):
+                found = jm.explain(fn, *args, platform="cuda")
+                assert any(name in e.lowering for e in found), (kernels, found)
+                jax.export.export(jax.jit(fn), platforms=["cuda"],
+                                  disabled_checks=checks)(*args)

@@ -300,17 +300,14 @@ def kernel_name(call) -> str:
     return f"index_scores_kernel[{dot} dots]"
 
 
-GLUON_TILES = True
-"""Decode-shaped 16-row tiles on CUDA (sm_80+, fp16 dots, one block per program) from
-``index_tile_gluon.index_tile_kernel`` (keys decoded in the tensor cores' registers) instead
-of ``index_scores_kernel``. Branch ``gluon-index-tile``: to be measured on the H200."""
-
-
 def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
+    """Whether the call takes ``index_tile_gluon.index_tile_kernel``: asked for
+    (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, for decode-shaped
+    16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
     arch = call.target.arch
-    return (GLUON_TILES and call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
-            and dot == "fp16" and layout.m == 16 and not layout.one_row and not layout.fold
-            and num_blocks <= 65535)
+    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
+            and arch.isdigit() and int(arch) >= 80 and dot == "fp16" and layout.m == 16
+            and not layout.one_row and not layout.fold and num_blocks <= 65535)
 
 
 def _gluon_tile_launch(call, layout: Plan, scalars: dict, q_fp8: bool):

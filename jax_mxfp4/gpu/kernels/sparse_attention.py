@@ -311,17 +311,15 @@ def kernel_name(call) -> str:
     return f"{split}[{layout.splits} splits]+reduce_kernel"
 
 
-GLUON_PARTIALS = True
-"""Split partials on CUDA (sm_80+, fp16 key dots, up to 16 q heads per kv head) from
-``attention_gluon.attention_split_kernel`` (each warp owns 32 tokens of a page; the operands
-are built in registers) instead of ``attention_kernel``. Branch ``gluon-index-tile``: to be
-measured on the H200 before it stays."""
-
-
 def _gluon_partials(call, layout: Plan) -> bool:
+    """Whether the split partials come from ``attention_gluon.attention_split_kernel`` (each
+    warp owns 32 tokens of a page; operands built in registers): asked for
+    (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, fp16 key dots, up
+    to 16 q heads per kv head."""
     arch = call.target.arch
-    return (GLUON_PARTIALS and call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
-            and not call.config.fp8_dots and layout.gp == 16)
+    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
+            and arch.isdigit() and int(arch) >= 80 and not call.config.fp8_dots
+            and layout.gp == 16)
 
 
 def _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals):
