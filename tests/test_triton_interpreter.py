@@ -10,10 +10,11 @@ fails its check (a 1e30 or +inf score outranks a local block); so does its biton
 the tail's sort key at ``INT_MIN`` (the cut entries sort before the tail: 29 % of the results
 differ) or with ties to the higher block (75 %). The split-K merge weighting every split's o
 partial by split 0's weight, or by 1.05 times its own, fails the attention check (the merged
-values against the direct path's, SPEC §10's tolerance: 45 % / 63 % outside). SPEC §15.18 (checked by the
-class of each result): without the NaN of a byte-255 token in ``mxfp4.page_logits`` the
-group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row tiling; without the
-poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot / one-row tilings;
+values against the direct path's, at SPEC §10's tolerance: 45 % / 63 % outside). SPEC §15.18
+(checked by the class of each result): without the NaN of a byte-255 token in
+``mxfp4.page_logits`` the group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row
+tiling; without the poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot /
+one-row tilings;
 without the page-exponent overflow check of ``_folded_maxima``, or without the NaN dots of NaN
 keys in ``mxfp4.folded_page_logits``, the folded tiling; without the
 NaN of an infinite logit in ``_attend_page``, or without the final NaN of a q head whose
