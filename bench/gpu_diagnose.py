@@ -352,21 +352,13 @@ def main() -> int:
         write_dedup_cost()
         attention_warps()
         return 0
-    if "--attention-variants" in sys.argv:
-        attention_warps()
-        return 0
-    if "--index-variants" in sys.argv:
-        index_variants()
-        return 0
-    if "--fold-variants" in sys.argv:
-        index_fold_variants()
-        return 0
-    if "--gluon-partials" in sys.argv:
-        gluon_partials()
-        return 0
-    if "--split-plans" in sys.argv:
-        split_plans()
-        return 0
+    variants = {"--attention-variants": attention_warps, "--index-variants": index_variants,
+                "--fold-variants": index_fold_variants, "--gluon-partials": gluon_partials,
+                "--split-plans": split_plans}
+    for flag, run in variants.items():
+        if flag in sys.argv:
+            run()
+            return 0
     if "--select-variants" in sys.argv:
         old = None
         if "--old-select" in sys.argv:  # a module file given after the flag

@@ -50,16 +50,22 @@ _TWIN = textwrap.dedent('''
 ''')
 
 
-def test_key_operands_hold_the_columns_the_query_is_loaded_in(tmp_path):
-    here = os.path.dirname(__file__)
+def _interpreted(tmp_path, source: str):
+    """Run a twin script (``source``) under Triton's interpreter in a process of its own;
+    the arrays it saved."""
     script = tmp_path / "twin.py"
-    script.write_text(_TWIN)
-    out = tmp_path / "operands.npz"
+    script.write_text(source)
+    out = tmp_path / "arrays.npz"
     done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
                           text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": here})
+                          env={**os.environ, "TRITON_INTERPRET": "1",
+                               "PYTHONPATH": os.path.dirname(__file__)})
     assert done.returncode == 0, done.stderr[-3000:]
-    result = np.load(out)
+    return np.load(out)
+
+
+def test_key_operands_hold_the_columns_the_query_is_loaded_in(tmp_path):
+    result = _interpreted(tmp_path, _TWIN)
     operands, cols = result["operands"], result["cols"]  # [nib, 16 k, 128 tok]; [32]
     assert sorted(cols) == list(range(32))  # every element of the group once
     rng = np.random.default_rng(0)
@@ -82,12 +88,12 @@ def test_keys_reach_the_tensor_cores_without_shared_memory():
     sig = {"q_ptr": "*bf16", "pool_ptr": "*u8", "table_ptr": "*i32", "pos_ptr": "*i32",
            "req_ptr": "*i32", "out_ptr": "*fp32", "T": "i32", "B": "i32", "W": "i32",
            "P": "i32", "NB": "i32", "score_scale": "fp32", "H": "constexpr",
-           "ROWS": "constexpr", "Q_IS_FP8": "constexpr", "ROUND_Q": "constexpr"}
+           "ROWS": "constexpr", "ROUND_Q": "constexpr"}
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
              if t.startswith("*")}
     source = GluonASTSource(kernels.index_tile_kernel, sig, attrs=attrs,
-                            constexprs={"H": 1, "ROWS": 4, "Q_IS_FP8": False, "ROUND_Q": True})
+                            constexprs={"H": 1, "ROWS": 4, "ROUND_Q": True})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": kernels.WARPS})
     assert compiled.metadata.shared <= 1024
@@ -148,15 +154,7 @@ def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
     order as the index tile's, and the values' operand column ``n`` byte ``value_column(n)``,
     a permutation. (Mutation: the query's permute ``(0, 4, 3, 5, 1, 2, 6)`` as ``(0, 3, 4, 5,
     1, 2, 6)`` fails it.)"""
-    here = os.path.dirname(__file__)
-    script = tmp_path / "twin.py"
-    script.write_text(_ATTENTION_TWIN)
-    out = tmp_path / "orders.npz"
-    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": here})
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = np.load(out)
+    r = _interpreted(tmp_path, _ATTENTION_TWIN)
     cols, vcols = r["cols"], r["vcols"]
     for i in range(8):
         g, nib = divmod(i, 2)

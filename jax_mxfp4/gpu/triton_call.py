@@ -87,9 +87,18 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
                            launcher.with_scratch(params))
 
 
+def gluon_requested(call) -> bool:
+    """Whether ``call`` takes the opt-in Gluon kernels: asked for (``cuda_kernels="gluon"``)
+    on a CUDA sm_80+ target (``mma.sync`` operand layouts). Each Gluon lowering adds what it
+    covers."""
+    arch = call.target.arch
+    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
+            and arch.isdigit() and int(arch) >= 80)
+
+
 def launcher_problem(target: Target) -> str | None:
     """Why the code-object launcher cannot run on ``target``'s platform, or ``None``."""
     return launcher.problem(target)
 
 
-__all__ = ["launch", "launcher_problem", "pointer_type", "triton_target"]
+__all__ = ["gluon_requested", "launch", "launcher_problem", "pointer_type", "triton_target"]

@@ -31,8 +31,8 @@ def _tile_scores(case, rows_per_tile: int) -> np.ndarray:
         q_bits, torch.from_numpy(pool).to(dev), torch.from_numpy(table).to(dev),
         torch.from_numpy(positions).to(dev), torch.from_numpy(requests).to(dev), out,
         t, table.shape[0], table.shape[1], pool.shape[0], case.num_blocks,
-        float(folded_score_scale(SM_SCALE)), H=heads, ROWS=rows_per_tile, Q_IS_FP8=False,
-        ROUND_Q=True, num_warps=kernels.WARPS)
+        float(folded_score_scale(SM_SCALE)), H=heads, ROWS=rows_per_tile, ROUND_Q=True,
+        num_warps=kernels.WARPS)
     return out.cpu().numpy()
 
 

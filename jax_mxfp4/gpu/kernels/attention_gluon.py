@@ -34,7 +34,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.sparse_attention import FLT_MIN, LOG2E, _max_nan
+from jax_mxfp4.gpu.kernels.sparse_attention import FLT_MIN, LOG2E, _max_nan, page_offset
 
 NUM_WARPS = 4
 """Warps per program; warp ``w`` owns tokens ``32 w .. 32 w + 31`` of every page."""
@@ -121,11 +121,9 @@ def _warp_tokens(layout: gl.constexpr):
 @gluon.jit
 def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
     """Issue every load of page ``p`` of row ``r``: whether it holds live tokens, its four key
-    groups' bytes, its key and value scale words and its value bytes."""
-    in_ctx = p * 128 < ctx
-    page = gl.load(table_ptr + r.to(gl.int64) * NPAGES + p, mask=in_ctx, other=-1)
-    ok = in_ctx & (page >= 0) & (page < P)
-    base = (gl.where(ok, page, 0).to(gl.int64) * HKV + h) * mxfp4.PAGE_BYTES
+    groups' bytes, its key and value scale words and its value bytes (``ok`` and the offset:
+    ``sparse_attention.page_offset``)."""
+    ok, base = page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES)
     kt = _warp_tokens(gl.SliceLayout(2, K_CODES))
     kb = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, K_CODES)))
     kaddr = k_ptr + base + kt[:, :, None] * 64 + kb[None, None, :]

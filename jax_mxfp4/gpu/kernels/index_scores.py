@@ -27,7 +27,6 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.scaling import folded_score_scale
-from jax_mxfp4.targets import CUDA
 
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
 
@@ -304,25 +303,20 @@ def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
     """Whether the call takes ``index_tile_gluon.index_tile_kernel``: asked for
     (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, for decode-shaped
     16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
-    arch = call.target.arch
-    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
-            and arch.isdigit() and int(arch) >= 80 and dot == "fp16" and layout.m == 16
+    return (triton_call.gluon_requested(call) and dot == "fp16" and layout.m == 16
             and not layout.one_row and not layout.fold and num_blocks <= 65535)
 
 
-def _gluon_tile_launch(call, layout: Plan, scalars: dict, q_fp8: bool):
+def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
+    """``index_tile_gluon.index_tile_kernel`` on one block per program (grid ``(row tiles,
+    blocks)``), with the Triton kernel's scalars and the constants it shares."""
     from jax_mxfp4.gpu.kernels import index_tile_gluon
 
-    heads = call.avals_in[0].shape[1]
-    rows = call.avals_in[0].shape[0]
-    grid = (layout.grid[0], call.params["num_blocks"], 1)
     return triton_call.launch(
-        index_tile_gluon.index_tile_kernel, call.target,
-        grid=grid if rows and call.params["num_blocks"] and call.avals_in[2].shape[0]
-        else (0, 1, 1),
+        index_tile_gluon.index_tile_kernel, call.target, grid=grid,
         buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
         avals=(*call.avals_in, *call.avals_out), scalars=scalars,
-        constants={"H": heads, "ROWS": layout.rows, "Q_IS_FP8": q_fp8, "ROUND_Q": not q_fp8},
+        constants={k: constants[k] for k in ("H", "ROWS", "ROUND_Q")},
         num_warps=index_tile_gluon.WARPS)
 
 
@@ -338,21 +332,19 @@ def lower(ctx, call, q, pool, table, positions, requests):
     scalars = {"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
                "P": np.int32(pool_aval.shape[0]), "NB": np.int32(num_blocks),
                "score_scale": folded_score_scale(call.params["sm_scale"])}
+    constants = {"H": heads, "ROWS": layout.rows, "M": layout.m, "BLOCKS": layout.blocks,
+                 "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
+                 "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],
+                 "ONE_ROW": layout.one_row, "FOLD": layout.fold}
+    empty = not (rows and num_blocks and num_requests)
     if _gluon_tile(call, layout, dot, num_blocks):
-        launch = _gluon_tile_launch(call, layout, scalars, q_fp8)
-        return launcher.emit(ctx, launch, [q, pool, table, positions, requests],
-                             call.avals_in, call.avals_out)
-    launch = triton_call.launch(
-        index_scores_kernel, call.target,
-        grid=layout.grid if rows and num_blocks and num_requests else (0, 1, 1),
-        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
-        avals=(*call.avals_in, *call.avals_out),
-        scalars=scalars,
-        constants={"H": heads, "ROWS": layout.rows, "M": layout.m, "BLOCKS": layout.blocks,
-                   "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
-                   "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],
-                   "ONE_ROW": layout.one_row, "FOLD": layout.fold},
-        num_warps=layout.num_warps,
-    )
+        grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
+        launch = _gluon_tile_launch(call, grid, scalars, constants)
+    else:
+        launch = triton_call.launch(
+            index_scores_kernel, call.target, grid=(0, 1, 1) if empty else layout.grid,
+            buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
+            avals=(*call.avals_in, *call.avals_out), scalars=scalars, constants=constants,
+            num_warps=layout.num_warps)
     return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
                          call.avals_out)

@@ -86,8 +86,7 @@ def _operand(half):
 
 
 @gluon.jit
-def query_group(q_ptr, qrow, row_ok, g: gl.constexpr, Q_IS_FP8: gl.constexpr,
-                ROUND_Q: gl.constexpr):
+def query_group(q_ptr, qrow, row_ok, g: gl.constexpr, ROUND_Q: gl.constexpr):
     """Scale group ``g`` of the query rows ``qrow`` (int64 [16], rows of ``[., 128]``) as the
     two A operands ``fp16 [16, 16]`` of :func:`group_keys`' two dots, in :func:`key_column`
     order; a bf16 query rounded to e4m3 (``ROUND_Q``), an e4m3 one converted exactly."""
@@ -138,7 +137,7 @@ def page_logits(qa0, qa1, qa2, qa3, page_ptr, ok):
 @gluon.jit
 def index_tile_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B, W, P, NB,
                       score_scale, H: gl.constexpr, ROWS: gl.constexpr,
-                      Q_IS_FP8: gl.constexpr, ROUND_Q: gl.constexpr):
+                      ROUND_Q: gl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. Program ``(i, j)``: rows ``i * ROWS ..`` (all ``H``
     heads, ``ROWS * H <= 16`` dot rows) against block ``j``."""
@@ -151,10 +150,10 @@ def index_tile_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
     req = gl.load(req_ptr + row, mask=row_ok, other=-1)
     live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
     qrow = row.to(gl.int64) * H + head
-    qa0 = query_group(q_ptr, qrow, row_ok, 0, Q_IS_FP8, ROUND_Q)
-    qa1 = query_group(q_ptr, qrow, row_ok, 1, Q_IS_FP8, ROUND_Q)
-    qa2 = query_group(q_ptr, qrow, row_ok, 2, Q_IS_FP8, ROUND_Q)
-    qa3 = query_group(q_ptr, qrow, row_ok, 3, Q_IS_FP8, ROUND_Q)
+    qa0 = query_group(q_ptr, qrow, row_ok, 0, ROUND_Q)
+    qa1 = query_group(q_ptr, qrow, row_ok, 1, ROUND_Q)
+    qa2 = query_group(q_ptr, qrow, row_ok, 2, ROUND_Q)
+    qa3 = query_group(q_ptr, qrow, row_ok, 3, ROUND_Q)
     j = gl.program_id(1)
     tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ACC))
     reach = gl.max(gl.where(live, pos, -1), axis=0)

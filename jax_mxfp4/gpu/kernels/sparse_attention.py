@@ -33,7 +33,6 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.plans import attention_splits
-from jax_mxfp4.targets import CUDA
 
 LOG2E = tl.constexpr(1.4426950408889634)
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)
@@ -120,14 +119,22 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
 
 
 @triton.jit
-def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
-    """Issue every load of page ``p`` of row ``r`` (K codes and scales, V codes and scales)
-    and return the raw bytes with whether the page holds live tokens: a page past the context
-    or with an id outside ``[0, P)`` loads nothing and is skipped."""
+def page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES):
+    """``(ok, byte offset)`` of page ``p`` of row ``r`` in a pool ``u8[P, Hkv, 8704]``: a page
+    past the context or with an id outside ``[0, P)`` is not ``ok`` (its offset is page 0's, and
+    nothing is loaded from it). The one rule both split kernels follow."""
     in_ctx = p * 128 < ctx
     page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p, mask=in_ctx, other=-1)
     ok = in_ctx & (page >= 0) & (page < P)
-    base = (tl.where(ok, page, 0).to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
+    return ok, (tl.where(ok, page, 0).to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
+
+
+@triton.jit
+def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
+    """Issue every load of page ``p`` of row ``r`` (K codes and scales, V codes and scales)
+    and return the raw bytes with whether the page holds live tokens (:func:`page_offset`):
+    a page that is not loads nothing and is skipped."""
+    ok, base = page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES)
     k0, k1, k2, k3, k_scales = mxfp4.load_keys(k_ptr + base, ok)
     v_words, v_scales = mxfp4.load_values(v_ptr + base, ok)
     return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
@@ -316,10 +323,7 @@ def _gluon_partials(call, layout: Plan) -> bool:
     warp owns 32 tokens of a page; operands built in registers): asked for
     (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, fp16 key dots, up
     to 16 q heads per kv head."""
-    arch = call.target.arch
-    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
-            and arch.isdigit() and int(arch) >= 80 and not call.config.fp8_dots
-            and layout.gp == 16)
+    return triton_call.gluon_requested(call) and not call.config.fp8_dots and layout.gp == 16
 
 
 def _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals):
