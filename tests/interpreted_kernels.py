@@ -267,8 +267,10 @@ def interpreted_attention(case, splits: int) -> np.ndarray:
         m, l_ = (HostArray(np.zeros(parts, np.float32)) for _ in range(2))
         sparse_attention.attention_kernel[(rows, splits, 1)](*args, o, o, m, l_, *scalars,
                                                              **consts)
-        sparse_attention.reduce_kernel[(rows, 1, 1)](o, m, l_, out, out, kv_heads, G=group,
-                                                     GP=gp, SPLITS=splits, MXFP8=False)
+        blocks = sparse_attention.REDUCE_BLOCKS
+        sparse_attention.reduce_kernel[(rows, 4 // blocks, 1)](
+            o, m, l_, out, out, kv_heads, G=group, GP=gp, SPLITS=splits, MXFP8=False,
+            BLOCKS=blocks)
     return out.array.astype(np.float32)
 
 

@@ -1,8 +1,9 @@
 """The Gluon attention split kernel (``jax_mxfp4.gpu.kernels.attention_gluon``, each warp owning
-32 tokens of every page, operands built in registers) on the GPU, launched through torch (it is
-not in the lowering yet): its partials merged by the Triton ``reduce_kernel`` must match the
-float64 oracle as SPEC §10 asks of attention (``oracle.attention_close``), NaN and infinities
-exactly where the oracle has them, and empty rows zeros."""
+32 tokens of every page, operands built in registers) on the GPU, launched through torch (the
+lowering takes it only under ``cuda_kernels="gluon"``): its partials merged by the Triton
+``reduce_kernel`` must match the float64 oracle as SPEC §10 asks of attention
+(``oracle.attention_close``), NaN and infinities exactly where the oracle has them, and empty
+rows zeros."""
 
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ def _gluon_attention(case) -> np.ndarray:
         G=group, PAGES=pages, SPLITS=splits, Q_IS_FP8=False,
         num_warps=attention_gluon.NUM_WARPS)
     out = torch.zeros((tokens, q_heads, 128), dtype=torch.bfloat16, device=dev)
-    sparse_attention.reduce_kernel[(rows, 1, 1)](o, m, l_, out, out, kv_heads, G=group, GP=16,
-                                                 SPLITS=splits, MXFP8=False, num_warps=4)
+    blocks = sparse_attention.REDUCE_BLOCKS
+    sparse_attention.reduce_kernel[(rows, 4 // blocks, 1)](
+        o, m, l_, out, out, kv_heads, G=group, GP=16, SPLITS=splits, MXFP8=False,
+        BLOCKS=blocks, num_warps=4)
     bits = out.view(torch.int16).cpu().numpy().view(np.uint16)
     return bits.view(ml_dtypes.bfloat16).astype(np.float32)
 

@@ -301,8 +301,8 @@ def kernel_name(call) -> str:
 
 def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
     """Whether the call takes ``index_tile_gluon.index_tile_kernel``: asked for
-    (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, for decode-shaped
-    16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
+    (``cuda_kernels="gluon"``; measured against the Triton tile in RESULTS), on CUDA sm_80+,
+    for decode-shaped 16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
     return (triton_call.gluon_requested(call) and dot == "fp16" and layout.m == 16
             and not layout.one_row and not layout.fold and num_blocks <= 65535)
 

@@ -87,6 +87,23 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
 
 
 @triton.jit
+def _mxfp8_blocks(x):
+    """MXFP8 of bf16 ``x [GP, 2, NB, 16]`` whose MXFP8 block ``b`` is ``x[:, :, b, :]``:
+    e4m3 values (same shape) and scale bytes ``int32 [GP, NB]``. An Inf or NaN in a block:
+    scale byte 255 and every value NaN (SPEC §15.13)."""
+    bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+    amax = tl.max(tl.max(bits, axis=3), axis=1)  # bf16 bits [GP, NB]
+    expo = (amax >> 7) & 0xFF
+    sb = tl.minimum(tl.maximum(expo - 8 + ((amax & 0x7F) > 96).to(tl.int32), 0), 254)
+    non_finite = (expo == 0xFF)[:, None, :, None]
+    sb = tl.where(expo == 0xFF, 255, sb)
+    scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, None, :, None]
+    codes = mxfp4.round_e4m3(scaled).to(tl.uint8, bitcast=True)
+    codes = tl.where(non_finite, E4M3_NAN, codes)
+    return codes.to(tl.float8e4nv, bitcast=True), sb
+
+
+@triton.jit
 def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexpr):
     """Store the final output rows ``o f32 [GP, 128]`` of token ``t``, q heads ``qh0 + g``,
     columns in the value order of :func:`mxfp4.value_dims`: bf16 ``[T, Hq, 128]``, or MXFP8
@@ -96,18 +113,8 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
     qh = (qh0 + g).to(tl.int64)
     if MXFP8:
         # columns (nibble, group, byte): a 32-element block is [:, :, b, :]
-        x = tl.reshape(ob, (g.shape[0], 2, 4, 16))
-        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
-        amax = tl.max(tl.max(bits, axis=3), axis=1)  # bf16 bits [GP, 4]
-        expo = (amax >> 7) & 0xFF
-        sb = tl.minimum(tl.maximum(expo - 8 + ((amax & 0x7F) > 96).to(tl.int32), 0), 254)
-        # An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §15.13).
-        non_finite = (expo == 0xFF)[:, None, :, None]
-        sb = tl.where(expo == 0xFF, 255, sb)
-        scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, None, :, None]
-        codes = mxfp4.round_e4m3(scaled).to(tl.uint8, bitcast=True)
-        codes = tl.where(non_finite, E4M3_NAN, codes)
-        values = tl.reshape(codes.to(tl.float8e4nv, bitcast=True), (g.shape[0], 128))
+        values, sb = _mxfp8_blocks(tl.reshape(ob, (g.shape[0], 2, 4, 16)))
+        values = tl.reshape(values, (g.shape[0], 128))
         vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
         tl.store(vptr, values, mask=g_ok[:, None])
         c = tl.arange(0, 4)
@@ -123,9 +130,10 @@ def page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES):
     """``(ok, byte offset)`` of page ``p`` of row ``r`` in a pool ``u8[P, Hkv, 8704]``: a page
     past the context or with an id outside ``[0, P)`` is not ``ok`` (its offset is page 0's, and
     nothing is loaded from it). The one rule both split kernels follow."""
-    in_ctx = p * 128 < ctx
-    page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p, mask=in_ctx, other=-1)
-    ok = in_ctx & (page >= 0) & (page < P)
+    # The table entry is masked by the table width, not by the context: its load does not
+    # wait for the context's, and both are in flight together.
+    page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p, mask=p < NPAGES, other=-1)
+    ok = (p * 128 < ctx) & (page >= 0) & (page < P)
     return ok, (tl.where(ok, page, 0).to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
 
 
@@ -227,44 +235,87 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
 
 
+MERGE_IN_FLIGHT = tl.constexpr(16)
+"""Splits whose partials the merge loads before it adds the first of them (an unrolled
+block): a decode row's splits (16 pages or fewer) arrive in one round trip."""
+
+
 @triton.jit
-def _split_weight(m_ptr, l_ptr, part, safe_m):
-    """``exp(m_p - M) * l_p`` of the partials at ``part`` (0 for an empty split)."""
-    l_p = tl.load(l_ptr + part)
-    return tl.where(l_p > 0, tl.exp2((tl.load(m_ptr + part) - safe_m) * LOG2E) * l_p, 0.0)
+def _merge_stats(m_ptr, l_ptr, first, GP: tl.constexpr, SPLITS: tl.constexpr):
+    """Over the ``[SPLITS, GP]`` stats at ``first``: each q head's largest finite ``m`` (0
+    where none), ``1 / sum(exp(m_p - M) * l_p)`` (0 where nothing was seen), as ``[GP, 1]``,
+    and whether a split's ``m`` is NaN (``[GP, 1]`` int32)."""
+    split = tl.arange(0, triton.next_power_of_2(SPLITS))[:, None]
+    stats = first + split * GP + tl.arange(0, GP)[None, :]
+    m_t = tl.load(m_ptr + stats, mask=split < SPLITS, other=float("-inf"))
+    l_t = tl.load(l_ptr + stats, mask=split < SPLITS, other=0.0)
+    poisoned = tl.max((m_t != m_t).to(tl.int32), axis=0)
+    safe_m = tl.max(tl.where(m_t != m_t, float("-inf"), m_t), axis=0)
+    safe_m = tl.where(safe_m == float("-inf"), 0.0, safe_m)
+    total = tl.sum(tl.where(l_t > 0, tl.exp2((m_t - safe_m[None, :]) * LOG2E) * l_t, 0.0), 0)
+    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+    return (tl.reshape(safe_m, (GP, 1)), tl.reshape(inv_total, (GP, 1)),
+            tl.reshape(poisoned, (GP, 1)))
+
+
+@triton.jit
+def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.constexpr):
+    """Columns ``cols`` (int32 ``[C]``) of row ``r``'s output ``f32 [GP, C]`` from its split
+    partials (``o`` bf16 ``[R, SPLITS, GP, 128]``, ``m``/``l`` f32 ``[R, SPLITS, GP]``):
+    weights ``exp(m_p - M) * l_p`` normalized before the sum (no overflow of a large V), the
+    splits added in order; NaN where a split's ``m`` is NaN (a live logit was not finite).
+    Each split's stats are loaded again as ``[GP, 1]`` beside its partial: they broadcast
+    onto it in registers (a ``[GP]`` vector would change layout through shared memory)."""
+    first = r.to(tl.int64) * SPLITS * GP
+    safe_m, inv_total, poisoned = _merge_stats(m_ptr, l_ptr, first, GP, SPLITS)
+    g = tl.arange(0, GP)[:, None]
+    out = tl.zeros((GP, cols.shape[0]), tl.float32)
+    for c in range(0, SPLITS, MERGE_IN_FLIGHT):
+        for j in tl.static_range(MERGE_IN_FLIGHT):
+            ok = c + j < SPLITS
+            part = first + (c + j) * GP + g
+            m_p = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
+            l_p = tl.load(l_ptr + part, mask=ok, other=0.0)
+            o_p = tl.load(o_ptr + part * 128 + cols[None, :], mask=ok, other=0.0)
+            w = tl.where(l_p > 0, tl.exp2((m_p - safe_m) * LOG2E) * l_p, 0.0) * inv_total
+            out += w * o_p.to(tl.float32)
+    return tl.where(poisoned > 0, float("nan"), out)
 
 
 @triton.jit
 def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
-                  GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr):
-    """Merge the split partials of row ``program_id(0)`` and store the final output. The
-    splits stream through one ``[GP, 128]`` accumulator: a ``[SPLITS, GP, 128]`` tile spills
-    its registers."""
+                  GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr,
+                  BLOCKS: tl.constexpr):
+    """Program ``(r, c)`` merges the split partials of row ``r`` (:func:`merge_partials`) for
+    its MXFP8 blocks ``c * BLOCKS ..`` (32 head dimensions each) and stores them: bf16 ``[T,
+    Hq, 128]``, or MXFP8 values ``[T, Hq*128]`` and scale bytes ``[T, Hq*4]``."""
     r = tl.program_id(0)
     t = r // HKV
-    h = r % HKV
     g = tl.arange(0, GP)
-    d = tl.arange(0, 128)
-    first = r.to(tl.int64) * SPLITS * GP + g
-    big_m = tl.full((GP,), float("-inf"), tl.float32)
-    poisoned = tl.zeros((GP,), tl.int32)  # a split's NaN m: a live logit was not finite
-    for s in range(SPLITS):
-        m_s = tl.load(m_ptr + first + s * GP)
-        poisoned = poisoned | (m_s != m_s).to(tl.int32)
-        big_m = tl.maximum(big_m, m_s)
-    safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
-    total = tl.zeros((GP,), tl.float32)
-    for s in range(SPLITS):
-        total += _split_weight(m_ptr, l_ptr, first + s * GP, safe_m)
-    # Weights normalized before the sum, as in the attention kernel: no overflow of large V.
-    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
-    out = tl.zeros((GP, 128), tl.float32)
-    for s in range(SPLITS):
-        part = first + s * GP
-        w = _split_weight(m_ptr, l_ptr, part, safe_m) * inv_total
-        out += w[:, None] * tl.load(o_ptr + part[:, None] * 128 + d[None, :]).to(tl.float32)
-    out = tl.where((poisoned > 0)[:, None], float("nan"), out)
-    _store_output(out, out_ptr, aux_ptr, t, h * G, g, g < G, HKV * G, MXFP8)
+    g_ok = g < G
+    nibble = tl.arange(0, 2)[:, None]
+    byte = tl.program_id(1) * BLOCKS * 16 + tl.arange(0, BLOCKS * 16)[None, :]
+    # value order (mxfp4.value_dims): two runs of BLOCKS * 16 columns, loaded in 16-byte pieces
+    cols = tl.reshape(nibble * 64 + byte, (BLOCKS * 32,))
+    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCKS * 16), BLOCKS * 16)
+    dims = tl.reshape(2 * byte + nibble, (BLOCKS * 32,))
+    out = merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP, SPLITS).to(tl.bfloat16)
+    row = (t.to(tl.int64) * HKV * G + (r % HKV) * G + g)[:, None]  # q head rows [GP, 1]
+    if MXFP8:
+        values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, 16)))
+        tl.store(out_ptr + row * 128 + dims[None, :], tl.reshape(values, (GP, BLOCKS * 32)),
+                 mask=g_ok[:, None])
+        block = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)[None, :]
+        tl.store(aux_ptr + row * 4 + block, sb.to(tl.uint8), mask=g_ok[:, None])
+    else:
+        tl.store(out_ptr + row * 128 + dims[None, :], out, mask=g_ok[:, None])
+
+
+REDUCE_BLOCKS = 1
+"""MXFP8 blocks (32 head dimensions) per reduce program: ``4 // REDUCE_BLOCKS`` programs per
+row. One block was as fast as or faster than two or four at 1 to 256 rows (RESULTS): a short
+chain per program, and the partials still load in 16-byte pieces. A constant: the programs'
+shape never follows the number of rows (batch invariance)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,8 +372,8 @@ def kernel_name(call) -> str:
 def _gluon_partials(call, layout: Plan) -> bool:
     """Whether the split partials come from ``attention_gluon.attention_split_kernel`` (each
     warp owns 32 tokens of a page; operands built in registers): asked for
-    (``cuda_kernels="gluon"``, not yet measured on a GPU), on CUDA sm_80+, fp16 key dots, up
-    to 16 q heads per kv head."""
+    (``cuda_kernels="gluon"``; measured against the Triton kernel in RESULTS), on CUDA sm_80+,
+    fp16 key dots, up to 16 q heads per kv head."""
     return triton_call.gluon_requested(call) and not call.config.fp8_dots and layout.gp == 16
 
 
@@ -375,9 +426,10 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     launch = _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals)
     partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
     merge = triton_call.launch(
-        reduce_kernel, call.target, grid=(rows, 1, 1),
+        reduce_kernel, call.target, grid=(rows, 4 // REDUCE_BLOCKS, 1),
         buffers=("o_ptr", "m_ptr", "l_ptr", "out_ptr", "aux_ptr")[:3 + len(call.avals_out)],
         avals=(*part_avals, *call.avals_out), scalars={"HKV": np.int32(kv_heads)},
-        constants={"G": group, "GP": layout.gp, "SPLITS": layout.splits, "MXFP8": mxfp8},
+        constants={"G": group, "GP": layout.gp, "SPLITS": layout.splits, "MXFP8": mxfp8,
+                   "BLOCKS": REDUCE_BLOCKS},
         nulls={} if mxfp8 else {"aux_ptr": jnp.uint8})
     return launcher.emit(ctx, merge, partials, part_avals, call.avals_out)
