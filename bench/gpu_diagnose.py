@@ -12,9 +12,10 @@ per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--fold-variants`` its prefill tilings (group dots or folded keys, 64 or 128 rows);
 ``--select-variants`` select_blocks at several rows per program and warps;
 ``--split-plans`` the sparse-attention decode cells through the whole lowering (split kernel
-and merge, CUPTI device time by kernel) at one and at two pages per split, interleaved;
-``--gluon-partials`` the same cells and the index S = 4-8 cells with the Gluon kernels and
-with the Triton ones.
+and merge, CUPTI device time by kernel) at one and at two pages per split and at 4, 2 and 1
+MXFP8 blocks per merge program, interleaved; ``--gluon-partials`` the same cells and the
+index S = 4-8 cells with the Gluon kernels and with the Triton ones; ``--fp8-dots`` the
+index prefill and decode cells with fp16 and with the opt-in e4m3 dots (``fp8_dots``).
 """
 
 from __future__ import annotations
@@ -326,6 +327,26 @@ def gluon_partials(rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
                     print(f"{label} index {cell.label}: {t.device * 1e6:.1f} us", flush=True)
 
 
+def fp8_dots(rounds: int = 2, labels=("b1 q4096 ctx 8K", "b8 q2048 ctx 16K", "b32 q8 ctx 32K",
+                                      "b8 S4 H1 ctx 128K", "b32 S1 H1 ctx 128K")) -> None:
+    """The index cells ``labels`` lowered with fp16 dots and with e4m3 dots
+    (``lowering_options(fp8_dots=...)``: Hopper's fp8 tensor cores, whose accumulation is
+    narrower than fp32, hence opt-in), ``rounds`` times interleaved, CUPTI device time per
+    call. Whether the e4m3 dots stay within SPEC's tolerance is what
+    ``JAX_MXFP4_GPU_FP8_DOT=1 pytest tests/gpu -k index_scores`` says (``gpu_session.sh
+    fp8``)."""
+    import jax_mxfp4 as jm
+
+    cells = [c for c in bench_gpu.cells() if c.label in labels]
+    for r in range(rounds):
+        for fp8 in (False, True):
+            with jm.lowering_options(fp8_dots=fp8):
+                for cell in cells:
+                    t = bench_gpu._measure(cell, np.random.default_rng(0), 5, 5, "auto")
+                    print(f"round {r} {'e4m3' if fp8 else 'fp16'} dots {cell.group} "
+                          f"{cell.label}: {t.device * 1e6:.1f} us", flush=True)
+
+
 def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
                 rows=(1, 8, 32, 128, 256)) -> None:
     """The bench's sparse-attention decode cells (rows x 16 pages) lowered with
@@ -360,7 +381,7 @@ def main() -> int:
         return 0
     variants = {"--attention-variants": attention_warps, "--index-variants": index_variants,
                 "--fold-variants": index_fold_variants, "--gluon-partials": gluon_partials,
-                "--split-plans": split_plans}
+                "--split-plans": split_plans, "--fp8-dots": fp8_dots}
     for flag, run in variants.items():
         if flag in sys.argv:
             run()

@@ -3,8 +3,8 @@
 # "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
 # and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
 # step against dense attention, or the profile / diagnose modes ("gluon": the opt-in Gluon
-# kernels tested and timed against the Triton ones). Logs go to $OUT (the device
-# tool's output folder) or ./gpu_logs.
+# kernels tested and timed against the Triton ones; "fp8": the opt-in e4m3 QK dots). Logs go
+# to $OUT (the device tool's output folder) or ./gpu_logs.
 set -u
 MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
@@ -63,6 +63,13 @@ elif [ "$MODE" = gluon ]; then
     > "$OUT/pytest.txt" 2>&1
   echo "pytest rc=$?"; tail -8 "$OUT/pytest.txt"
   timeout 200 $PY bench/gpu_diagnose.py --gluon-partials 2>&1 | grep -E "^round" | tee "$OUT/gluon_vs_triton.txt"
+elif [ "$MODE" = fp8 ]; then
+  # The opt-in e4m3 QK dots (fp8_dots): the index GPU tests under them (SPEC's tolerance),
+  # then the index cells with fp16 and e4m3 dots side by side.
+  JAX_MXFP4_GPU_FP8_DOT=1 timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu -k \
+    index_scores -ra > "$OUT/fp8_tests.txt" 2>&1
+  echo "fp8 tests rc=$?"; tail -8 "$OUT/fp8_tests.txt"
+  timeout 240 $PY bench/gpu_diagnose.py --fp8-dots 2>&1 | grep -E "^round" | tee "$OUT/fp8.txt"
 elif [ "$MODE" = step ]; then
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --step --repeats ${REPEATS:-5} \
     > "$OUT/step.txt" 2> "$OUT/step_err.txt"
