@@ -2,13 +2,17 @@
 #   make demo  the package alone (its C++ FFI handlers built by scikit-build-core/CMake) and
 #              what it depends on (jax, numpy, ml_dtypes), then the demo;
 #   make test  the package with its `test` and `rocm` extras (pytest, Triton, FlyDSL, an LLD;
-#              no torch: gfx950 builds run FlyDSL with a stand-in), then ruff and the suite.
+#              no torch: gfx950 builds run FlyDSL with a stand-in), then ruff and the suite
+#              in TEST_WORKERS processes.
 PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 SOURCES_NEEDING_REBUILD := pyproject.toml CMakeLists.txt $(shell find ffi -type f 2>/dev/null)
 EXTRAS_demo :=
 EXTRAS_test := [test,rocm]
+# Test processes (pytest-xdist): CI's machine has 2 cores; every worker loads JAX with 8 host
+# devices, so raise it with care on a larger machine (`make test TEST_WORKERS=4`).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint install clean
 
@@ -32,7 +36,7 @@ lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check .
 
 test: $(VENV)/.installed-test lint
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) tests
 
 clean:
 	rm -rf $(VENV) build

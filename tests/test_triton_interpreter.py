@@ -12,7 +12,8 @@ differ) or with ties to the higher block (75 %). The split-K merge weighting eve
 partial by split 0's weight, or by 1.05 times its own, fails the attention check (the merged
 values against the direct path's, at SPEC §10's tolerance: 45 % / 63 % outside); so does a
 merge program (one MXFP8 block of a row each) storing its head dimensions with the two
-nibbles' columns swapped (83 % outside). SPEC §15.18
+nibbles' columns swapped (83 % outside), or reading the high nibbles' columns ``BLOCKS * 16``
+after the low ones instead of 64 (right only for a whole row), fails it. SPEC §15.18
 (checked by the class of each result): without the NaN of a byte-255 token in
 ``mxfp4.page_logits`` the group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row
 tiling; without the poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot /
