@@ -268,10 +268,9 @@ def interpreted_attention(case, splits: int, blocks: int | None = None) -> np.nd
         m, l_ = (HostArray(np.zeros(parts, np.float32)) for _ in range(2))
         sparse_attention.attention_kernel[(rows, splits, 1)](*args, o, o, m, l_, *scalars,
                                                              **consts)
-        blocks = blocks or sparse_attention.REDUCE_BLOCKS
-        sparse_attention.reduce_kernel[(rows, 4 // blocks, 1)](
-            o, m, l_, out, out, kv_heads, G=group, GP=gp, SPLITS=splits, MXFP8=False,
-            BLOCKS=blocks)
+        sparse_attention.reduce_kernel[sparse_attention.reduce_grid(rows, blocks)](
+            o, m, l_, out, out, G=group, GP=gp, SPLITS=splits, MXFP8=False,
+            BLOCKS=blocks or sparse_attention.REDUCE_BLOCKS)
     return out.array.astype(np.float32)
 
 

@@ -41,10 +41,9 @@ def _gluon_attention(case) -> np.ndarray:
         G=group, PAGES=pages, SPLITS=splits, Q_IS_FP8=False,
         num_warps=attention_gluon.NUM_WARPS)
     out = torch.zeros((tokens, q_heads, 128), dtype=torch.bfloat16, device=dev)
-    blocks = sparse_attention.REDUCE_BLOCKS
-    sparse_attention.reduce_kernel[(rows, 4 // blocks, 1)](
-        o, m, l_, out, out, kv_heads, G=group, GP=16, SPLITS=splits, MXFP8=False,
-        BLOCKS=blocks, num_warps=4)
+    sparse_attention.reduce_kernel[sparse_attention.reduce_grid(rows)](
+        o, m, l_, out, out, G=group, GP=16, SPLITS=splits, MXFP8=False,
+        BLOCKS=sparse_attention.REDUCE_BLOCKS, num_warps=4)
     bits = out.view(torch.int16).cpu().numpy().view(np.uint16)
     return bits.view(ml_dtypes.bfloat16).astype(np.float32)
 

@@ -283,14 +283,13 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
 
 
 @triton.jit
-def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
+def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
                   GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr,
                   BLOCKS: tl.constexpr):
     """Program ``(r, c)`` merges the split partials of row ``r`` (:func:`merge_partials`) for
     its MXFP8 blocks ``c * BLOCKS ..`` (32 head dimensions each) and stores them: bf16 ``[T,
     Hq, 128]``, or MXFP8 values ``[T, Hq*128]`` and scale bytes ``[T, Hq*4]``."""
     r = tl.program_id(0)
-    t = r // HKV
     g = tl.arange(0, GP)
     g_ok = g < G
     nibble = tl.arange(0, 2)[:, None]
@@ -300,7 +299,7 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, HKV, G: tl.constexpr,
     cols = tl.max_contiguous(tl.multiple_of(cols, BLOCKS * 16), BLOCKS * 16)
     dims = tl.reshape(2 * byte + nibble, (BLOCKS * 32,))
     out = merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP, SPLITS).to(tl.bfloat16)
-    row = (t.to(tl.int64) * HKV * G + (r % HKV) * G + g)[:, None]  # q head rows [GP, 1]
+    row = (r.to(tl.int64) * G + g)[:, None]  # q head rows [GP, 1] (row r = t * Hkv + h)
     if MXFP8:
         values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, 16)))
         tl.store(out_ptr + row * 128 + dims[None, :], tl.reshape(values, (GP, BLOCKS * 32)),
@@ -316,6 +315,12 @@ REDUCE_BLOCKS = 1
 row. One block was as fast as or faster than two or four at 1 to 256 rows (RESULTS): a short
 chain per program, and the partials still load in 16-byte pieces. A constant: the programs'
 shape never follows the number of rows (batch invariance)."""
+
+
+def reduce_grid(rows: int, blocks: int | None = None) -> tuple[int, int, int]:
+    """``reduce_kernel``'s grid for ``rows`` rows at ``blocks`` MXFP8 blocks per program
+    (default :data:`REDUCE_BLOCKS`, read when called): a 128-dimension head has 4 blocks."""
+    return (rows, 4 // (blocks or REDUCE_BLOCKS), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,9 +431,9 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     launch = _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals)
     partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
     merge = triton_call.launch(
-        reduce_kernel, call.target, grid=(rows, 4 // REDUCE_BLOCKS, 1),
+        reduce_kernel, call.target, grid=reduce_grid(rows),
         buffers=("o_ptr", "m_ptr", "l_ptr", "out_ptr", "aux_ptr")[:3 + len(call.avals_out)],
-        avals=(*part_avals, *call.avals_out), scalars={"HKV": np.int32(kv_heads)},
+        avals=(*part_avals, *call.avals_out), scalars={},
         constants={"G": group, "GP": layout.gp, "SPLITS": layout.splits, "MXFP8": mxfp8,
                    "BLOCKS": REDUCE_BLOCKS},
         nulls={} if mxfp8 else {"aux_ptr": jnp.uint8})
