@@ -19,7 +19,9 @@ environment variable as its default:
 state                          environment variable       meaning
 =============================  =========================  ==========================================
 ``jax_mxfp4_backend``          ``JAX_MXFP4_BACKEND``      backend name (above)
-``jax_mxfp4_gpu_fp8_dot``      ``JAX_MXFP4_GPU_FP8_DOT``  Triton QK dots on e4m3 operands (opt-in)
+``jax_mxfp4_gpu_fp8_dot``      ``JAX_MXFP4_GPU_FP8_DOT``  Triton QK dots on e4m3 operands
+                                                          (opt-in, experimental: outside
+                                                          SPEC §10's tolerance on the H200)
 ``jax_mxfp4_gfx950_kernels``   ``JAX_MXFP4_GFX950_KERNELS``  ``"flydsl"`` or ``"triton"`` on gfx950
 ``jax_mxfp4_cuda_kernels``     ``JAX_MXFP4_CUDA_KERNELS``  ``"triton"``, or ``"gluon"``: the
                                                           experimental Gluon index tile and
@@ -117,8 +119,9 @@ _backend_state = _string_state(
     lambda v: isinstance(v, str), "a backend name")
 _fp8_dot_state = _jax_config.bool_state(
     "jax_mxfp4_gpu_fp8_dot", False,
-    help="jax_mxfp4: Triton QK dots on e4m3 operands (Hopper's fp8 tensor cores accumulate "
-    "with reduced precision, hence opt-in) instead of fp16.",
+    help="jax_mxfp4: Triton QK dots on e4m3 operands instead of fp16 (experimental: Hopper's fp8 "
+    "tensor cores accumulate with fewer bits than fp32, which on the H200 puts index scores "
+    "outside SPEC's 2-ulp tolerance, and they measured slower).",
     include_in_jit_key=True, include_in_trace_context=True)
 _gfx950_kernels_state = _string_state(
     "jax_mxfp4_gfx950_kernels", "flydsl",

@@ -33,7 +33,7 @@ from jax_mxfp4.scaling import folded_score_scale
 
 @triton.jit
 def _page_values_kernel(page_ptr, out_ptr, n_live):
-    codes, scales = mxfp4.load_values(page_ptr, True)
+    codes, scales = mxfp4.page_bytes(page_ptr, True)
     tok = tl.arange(0, 128)
     even, odd = mxfp4.page_values(codes, scales, tok < n_live, tl.float32, False)
     base = out_ptr + tok[:, None] * 128 + 2 * tl.arange(0, 64)[None, :]
@@ -186,12 +186,17 @@ def _check_select_blocks(rng, num_blocks, rows_per_program, configs) -> None:
             np.testing.assert_array_equal(g, w)
 
 
-def interpreted_scores(case, q_round: str, num_heads: int) -> np.ndarray:
+def interpreted_scores(case, q_round: str, num_heads: int,
+                       blocks: int | None = None) -> np.ndarray:
     """index_scores_kernel with the lowering's plan for the case (group dots or folded keys,
-    as ``plan`` picks: the interpreter's dots are not exact, so only classes are compared)."""
+    as ``plan`` picks: the interpreter's dots are not exact, so only classes are compared),
+    or with ``blocks`` blocks per program."""
     q, pool, table, positions, requests = (np.asarray(a) for a in case.args()[:5])
     rows, requests_n = len(positions), table.shape[0]
     plan = index_scores.plan(rows, num_heads, requests_n, case.num_blocks, num_sms=132)
+    if blocks is not None:
+        grid = (plan.grid[0], -(-case.num_blocks // blocks), 1)
+        plan = dataclasses.replace(plan, blocks=blocks, grid=grid)
     out = HostArray(np.full((num_heads, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](
@@ -226,14 +231,18 @@ def check_index_score_classes(rng) -> None:
     queries near 2**118, so NaN queries are left to tests/gpu/test_gpu_rules.py."""
     kw = dict(num_blocks=4, table_width=5, num_pages=40, scale_lo=120, scale_hi=126,
               q_dtype="e4m3")
+    folded = prefill_index_case(rng, [70], [200], num_rows=70, num_heads=1, **kw)
     cases = [
-        ("one_row", decode_index_case(rng, [600, 140, 300, 5], 1, num_heads=1, **kw), 1),
-        ("group_dots", decode_index_case(rng, [600, 140, 300], 4, num_heads=2, **kw), 2),
-        ("folded", prefill_index_case(rng, [70], [200], num_rows=70, num_heads=1, **kw), 1),
+        ("one_row", decode_index_case(rng, [600, 140, 300, 5], 1, num_heads=1, **kw), 1, None),
+        ("group_dots", decode_index_case(rng, [600, 140, 300], 4, num_heads=2, **kw), 2, None),
+        ("folded", folded, 1, None),
+        # a prefill tile's prefetching walk: block j + 1's page loaded while j is scored
+        ("folded", folded, 1, 3),
     ]
-    for name, case, heads in cases:
-        poison_index_case(case)
-        got, plan = interpreted_scores(case, "e4m3", heads)
+    for name, case, heads, blocks in cases:
+        if blocks is None:
+            poison_index_case(case)
+        got, plan = interpreted_scores(case, "e4m3", heads, blocks)
         assert plan.one_row == (name == "one_row") and plan.fold == (name == "folded"), plan
         want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks,
                                    sm_scale=SM_SCALE, q_round="e4m3")

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 @triton.jit
 def _values_kernel(page_ptr, out_ptr, n_live, DTYPE: tl.constexpr):
-    codes, scales = mxfp4.load_values(page_ptr, True)
+    codes, scales = mxfp4.page_bytes(page_ptr, True)
     tok = tl.arange(0, 128)
     even, odd = mxfp4.page_values(codes, scales, tok < n_live, DTYPE, True)
     base = out_ptr + tok[:, None] * 128 + 2 * tl.arange(0, 64)[None, :]

@@ -134,12 +134,32 @@ def test_index_scores_exact_data(rng, shape):
     assert_bits(kernel, ref)
 
 
+def _force_blocks(monkeypatch, blocks: int) -> None:
+    """Make ``index_scores.plan`` give every tile ``blocks`` blocks per program."""
+    import dataclasses
+
+    from jax_mxfp4.gpu.kernels import index_scores
+
+    planned = index_scores.plan
+
+    def forced(*args, **kwargs):
+        p = planned(*args, **kwargs)
+        grid = (p.grid[0], -(-args[3] // blocks), 1)
+        return dataclasses.replace(p, blocks=blocks, grid=grid)
+
+    monkeypatch.setattr(index_scores, "plan", forced)
+
+
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
-@pytest.mark.parametrize("shape", ["decode", "decode1", "decode1-long", "prefill", "prefill64"])
+@pytest.mark.parametrize("shape", ["decode", "decode1", "decode1-long", "prefill", "prefill64",
+                                   "prefill-3-blocks"])
 def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypatch):
     """decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
     per program (what it takes past 65535 blocks, the grid's y limit), so the grid's last
-    program has one block past the end. prefill / prefill64: folded keys on 128- and 64-row
+    program has one block past the end. prefill-3-blocks: the prefill case with three blocks
+    per program (the prefetching walk of a prefill tile: each block scored from its own page,
+    the last program's blocks past the end not scored; these small grids plan one block per
+    program). prefill / prefill64: folded keys on 128- and 64-row
     tiles (bf16 queries kept as bf16: bf16 dots); the first request's rows straddle block 0's
     end, so a tile's last row sees block 0 whole and its first rows do not (the whole-block
     shortcut must not fire). prefill64's scale bytes are 60..70 under garbage tails with byte
@@ -156,28 +176,23 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
         seq = [601 * 128, 77000, 1, 0, 129, 40000, 601 * 128 - 1, 5000]
         kw.update(num_blocks=601, table_width=601, num_pages=8 * 601)
         case = decode_index_case(rng, seq, 1, **kw)
-        import dataclasses
-
         from jax_mxfp4.gpu.kernels import index_scores
 
-        planned = index_scores.plan
-
-        def two_blocks(*args, **kwargs):
-            p = planned(*args, **kwargs)
-            return dataclasses.replace(p, blocks=2, grid=(p.grid[0], (p.grid[1] + 1) // 2, 1))
-
-        monkeypatch.setattr(index_scores, "plan", two_blocks)
+        _force_blocks(monkeypatch, 2)
         assert index_scores.plan(8, 1, 8, 601, UNITS).one_row
     elif shape == "prefill64":
         kw.update(scale_lo=60, scale_hi=70)
         case = prefill_index_case(rng, [64, 64, 40], [96, 500, 0], num_rows=168, **kw)
     else:
         case = prefill_index_case(rng, [100, 3, 60], [64, 500, 0], num_rows=200, **kw)
+        if shape == "prefill-3-blocks":
+            _force_blocks(monkeypatch, 3)
     if shape.startswith("prefill"):
         from jax_mxfp4.gpu.kernels import index_scores
 
         tile = index_scores.plan(len(case.positions), 1, 3, case.num_blocks, UNITS)
         assert tile.fold and tile.m == (64 if shape == "prefill64" else 128), tile
+        assert tile.blocks == (3 if shape == "prefill-3-blocks" else 1), tile
     kernel, ref = _index(case, q_round)
     assert np.array_equal(np.isneginf(kernel), np.isneginf(ref))
     static = dict(num_blocks=case.num_blocks, sm_scale=SM_SCALE, q_round=q_round)

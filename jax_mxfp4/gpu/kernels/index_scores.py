@@ -10,8 +10,9 @@ groups' scales folded in (``mxfp4.folded_page_logits``). Every output element is
 finite (a NaN key or query, an fp32 overflow: SPEC §15.18).
 
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
-row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, a few
-blocks per program) is chosen from static shapes by :func:`plan`.
+row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
+eight blocks per program, the next block's page in flight while one is scored) is chosen from
+static shapes by :func:`plan`.
 """
 
 from __future__ import annotations
@@ -126,14 +127,14 @@ def _masked_maxima(logits, sel, pos, tok):
 
 
 @triton.jit
-def _folded_maxima(q, page_ptr, sel, pos, tok):
+def _folded_maxima(q, codes, scales, sel, pos, tok):
     """Max logits of the selected rows over one page with folded keys: on the relative logits,
     scaled once per row; a block every selected row sees whole needs no per-token mask. A
     relative logit that is not finite (a NaN key gives NaN dots, an infinite query infinite
     ones) makes the row NaN in the same reduction; one that is finite can still pass fp32's
     range once scaled, which only a page exponent above 0 allows (a rare page: checked then)."""
     reach = tl.max(tl.where(sel, pos, -1), axis=0)
-    dots, expo = mxfp4.folded_page_logits(q, page_ptr, tok <= reach)
+    dots, expo = mxfp4.folded_page_logits(q, codes, scales, tok <= reach)
     dots = _poison_infinite(dots)
     if tl.max(tok, axis=0) <= tl.min(tl.where(sel, pos, reach), axis=0):
         best = tl.where(sel, tl.reduce(dots, 1, _max_nan), float("-inf"))
@@ -148,23 +149,87 @@ def _folded_maxima(q, page_ptr, sel, pos, tok):
 
 
 @triton.jit
+def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, tok, USE_FP8: tl.constexpr,
+                 FOLD: tl.constexpr, PTX: tl.constexpr):
+    """Max logit of each dot row ``sel`` selects over the tokens ``tok`` (int32 [128]) of one
+    page as :func:`mxfp4.page_bytes` loaded it (-inf for the other rows). ``FOLD``: the query
+    tile ``q [M, 128]`` against folded keys (:func:`mxfp4.folded_page_logits`), else the
+    groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
+    if FOLD:
+        best = _folded_maxima(q, codes, scales, sel, pos, tok)
+    else:
+        dots, expo = mxfp4.page_logits(q0, q1, q2, q3, codes, scales, USE_FP8, PTX)
+        best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos, tok)
+    return best
+
+
+@triton.jit
 def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
                  USE_FP8: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
-    """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere).
-    ``FOLD``: the query tile ``q [M, 128]`` against folded keys
-    (:func:`mxfp4.folded_page_logits`), else the groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
+    """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere), the
+    page loaded and scored in one step (:func:`_page_maxima`)."""
     page = tl.load(table_ptr + tl.cast(req_r, tl.int64) * W + j)  # req_r: a loop index
     sel = live & (req == req_r)
     best = tl.full(sel.shape, float("-inf"), tl.float32)
     if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
-        page_ptr = pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES
-        tok = j * 128 + tl.arange(0, 128)
-        if FOLD:
-            best = _folded_maxima(q, page_ptr, sel, pos, tok)
-        else:
-            dots, expo = mxfp4.page_logits(q0, q1, q2, q3, page_ptr, USE_FP8, PTX)
-            best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos, tok)
+        codes, scales = mxfp4.page_bytes(pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES, True)
+        best = _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos,
+                            j * 128 + tl.arange(0, 128), USE_FP8, FOLD, PTX)
     return best
+
+
+@triton.jit
+def _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
+                 req_lo, req_hi, first_block, NB, W, P, reach, score_scale,
+                 BLOCKS: tl.constexpr, USE_FP8: tl.constexpr, FOLD: tl.constexpr,
+                 PTX: tl.constexpr):
+    """Score blocks ``first_block ..`` (``BLOCKS`` of them) for a tile whose live rows belong
+    to requests ``req_lo .. req_hi``, and store them: each block's page of each request in
+    turn, loaded when it is scored. The decode tiles' walk (one block per program: a
+    prefetching walk measured slower there) and prefill tiles' across a chunk's end."""
+    for jj in range(BLOCKS):
+        j = first_block + jj
+        best = tl.full((req.shape[0],), float("-inf"), tl.float32)
+        if (j < NB) & (j * 128 <= reach):
+            for req_r in range(req_lo, req_hi + 1):
+                best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
+                                                     req, pos, live, j, req_r, W, P, USE_FP8,
+                                                     FOLD, PTX), propagate_nan=PROPAGATE)
+        tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
+
+
+@triton.jit
+def _tile_page(pool_ptr, table_ptr, req_r, j, NB, reach, W, P):
+    """Block ``j``'s page of request ``req_r``: its address and whether it is scored (the
+    block exists, a row of the tile reaches it, the page id lies in ``[0, P)``)."""
+    reached = (j < NB) & (j * 128 <= reach)
+    page = tl.load(table_ptr + tl.cast(req_r, tl.int64) * W + j, mask=reached, other=-1)
+    ok = reached & (page >= 0) & (page < P)
+    return pool_ptr + tl.where(ok, page, 0).to(tl.int64) * mxfp4.PAGE_BYTES, ok
+
+
+@triton.jit
+def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r, pos, live,
+                        row_ok, first_block, NB, W, P, reach, score_scale,
+                        BLOCKS: tl.constexpr, USE_FP8: tl.constexpr, FOLD: tl.constexpr,
+                        PTX: tl.constexpr):
+    """:func:`_tile_blocks` for a tile whose live rows are all of request ``req_r`` (prefill
+    tiles inside a chunk), software-pipelined: block ``j + 1``'s page is in flight while
+    block ``j`` is scored. A runtime loop carrying the loaded page (unrolled, the 4-block
+    program measured slower: its code is four times as long)."""
+    page_ptr, ok = _tile_page(pool_ptr, table_ptr, req_r, first_block, NB, reach, W, P)
+    codes, scales = mxfp4.page_bytes(page_ptr, ok)
+    for jj in range(BLOCKS):
+        j = first_block + jj
+        next_ptr, next_ok = _tile_page(pool_ptr, table_ptr, req_r, j + 1, NB, reach, W, P)
+        next_ok = next_ok & (jj + 1 < BLOCKS)
+        next_codes, next_scales = mxfp4.page_bytes(next_ptr, next_ok)
+        best = tl.full((pos.shape[0],), float("-inf"), tl.float32)
+        if ok:
+            best = _page_maxima(q, q0, q1, q2, q3, codes, scales, live, pos,
+                                j * 128 + tl.arange(0, 128), USE_FP8, FOLD, PTX)
+        tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
+        codes, scales, ok = next_codes, next_scales, next_ok
 
 
 @triton.jit
@@ -196,24 +261,23 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
         q3 = _query_columns(q_ptr, row, head, row_ok, 96, 32, H, ROUND_Q, DOT_DTYPE)
     reach = tl.max(tl.where(live, pos, -1), axis=0)
     # The tile's requests: one in the common case (rows are request-major), so each block's
-    # page is loaded once; rows of other requests in between are masked in _tile_maxima.
+    # page is loaded once (in a prefill tile, the next block's while this one is scored).
     req_lo = tl.min(tl.where(live, req, B), axis=0)
     req_hi = tl.max(tl.where(live, req, -1), axis=0)
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
+    first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
         q_row = _query_row(q_ptr, first_row, first_row < T, Q_IS_FP8, ROUND_Q)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
-                    tl.program_id(1) * BLOCKS, NB, W, P, score_scale, BLOCKS)
+                    first_block, NB, W, P, score_scale, BLOCKS)
+    elif FOLD and (req_lo == req_hi):
+        _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_lo, pos,
+                            live, row_ok, first_block, NB, W, P, reach, score_scale, BLOCKS,
+                            USE_FP8, FOLD, PTX)
     else:
-        for jj in range(BLOCKS):
-            j = tl.program_id(1) * BLOCKS + jj
-            best = tl.full((M,), float("-inf"), tl.float32)
-            if (j < NB) & (j * 128 <= reach):
-                for req_r in range(req_lo, req_hi + 1):
-                    best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
-                                                         req, pos, live, j, req_r, W, P, USE_FP8,
-                                                         FOLD, PTX), propagate_nan=PROPAGATE)
-            tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
+        _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
+                     req_lo, req_hi, first_block, NB, W, P, reach, score_scale, BLOCKS,
+                     USE_FP8, FOLD, PTX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +297,13 @@ first is scored) from this many blocks per SM on; below it the grid would leave 
 last wave (RESULTS: 2 blocks 129 vs 139 us at b32 ctx 128K, 27.5 vs 24.9 us at ctx 8K)."""
 
 
+TILE_BLOCKS_MAX = 8
+"""Blocks per program of a prefill-shaped tile at most: its query tile is loaded once for
+them, and its walk keeps the next block's page in flight (RESULTS, fifth session: 8 against
+4 measured 1.04-1.11x faster over the prefill cells, 16 no better than 8 except on the
+32768-row chunks)."""
+
+
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
          num_sms: int, foldable: bool = True) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
@@ -247,7 +318,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     one-row tiles two blocks where the grid is large (:data:`ONE_ROW_PAIRS_FROM`).
     Prefill-shaped tiles (64 dot rows and more, warpgroup dots) take folded keys, one
     accumulator, which lets a tile hold 128 rows (four rescaled group dots spilled there), and
-    a few blocks per program, reusing the loaded query tile, while the grid keeps two waves.
+    up to :data:`TILE_BLOCKS_MAX` blocks per program, reusing the loaded query tile and
+    loading each block's page while the one before is scored, while the grid keeps two waves.
     The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
@@ -256,7 +328,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
     blocks = 1
     if m >= 64:
-        blocks = max(1, min(4, num_blocks, (row_tiles * num_blocks) // (2 * num_sms)))
+        blocks = max(1, min(TILE_BLOCKS_MAX, num_blocks,
+                            (row_tiles * num_blocks) // (2 * num_sms)))
     elif rows * num_heads == 1 and row_tiles * num_blocks >= ONE_ROW_PAIRS_FROM * num_sms:
         blocks = 2
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit

@@ -16,7 +16,7 @@ scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128`` do
 one exponent for the page, applied to each row's maximum.
 
 A page's loads are issued together before any is used (:func:`load_keys`,
-:func:`load_values`: one load of all code bytes, one 32-bit word of scale bytes per token),
+:func:`page_bytes`: one load of all code bytes, one 32-bit word of scale bytes per token),
 because Triton changes each loaded tensor's layout right after its load, which waits for it.
 One-row index scoring on the CUDA cores decodes 32-bit code words two elements at a time into
 fp16 pairs widened to fp32 (:func:`words_fp32`).
@@ -71,15 +71,6 @@ def nibbles_fp8(raw):
     pairs = tl.join(nibble_e4m3(raw), nibble_e4m3(raw >> 4))  # [N, B, 2]: 2i + parity
     codes = tl.reshape(pairs, (raw.shape[0], 2 * raw.shape[1]))
     return codes.to(tl.float8e4nv, bitcast=True)
-
-
-@triton.jit
-def e2m1_fp8(page_ptr, tok, first_byte, NBYTES: tl.constexpr):
-    """e4m3 values ``e2m1 * 2**-6`` of the elements in bytes ``first_byte ..
-    first_byte + NBYTES - 1`` of the tokens ``tok`` (int32 [N]) of one page: ``float8e4nv [N,
-    2 * NBYTES]`` in element order."""
-    i = tl.arange(0, NBYTES)
-    return nibbles_fp8(tl.load(page_ptr + tok[:, None] * 64 + first_byte + i[None, :]))
 
 
 # Four code bytes b0..b3 (one 32-bit register) -> eight 16-bit values in four registers:
@@ -230,18 +221,34 @@ def group_bytes(words):
 
 
 @triton.jit
-def load_keys(page_ptr, ok):
-    """A key page's raw bytes in two loads issued together (a load per group would wait for
-    each group's layout change before the next group's load): the four groups' code bytes
-    ``uint8 [128, 16]`` and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
-    scalar) is false."""
-    codes = code_bytes(page_ptr, ok)
-    scales = scale_words(page_ptr, ok)
+def page_bytes(page_ptr, ok):
+    """A page's raw bytes in two loads issued together: the code bytes ``uint8 [128, 64]``
+    (:func:`code_bytes`) and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
+    scalar) is false. Nothing here waits for the data: load the next page with it before
+    computing the current one."""
+    return code_bytes(page_ptr, ok), scale_words(page_ptr, ok)
+
+
+@triton.jit
+def split_groups(codes):
+    """The four scale groups' code bytes ``uint8 [128, 16]`` of a page's :func:`code_bytes`
+    (a layout change, which waits for the load)."""
     # [128, 64] -> [128, 16, 2 (group bit 1), 2 (group bit 0)], then split to the groups
     quads = tl.permute(tl.reshape(codes, (128, 2, 2, 16)), (0, 3, 1, 2))
     even, odd = tl.split(quads)  # group bit 0
     b0, b2 = tl.split(even)
     b1, b3 = tl.split(odd)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def load_keys(page_ptr, ok):
+    """A key page's raw bytes in two loads issued together (a load per group would wait for
+    each group's layout change before the next group's load): the four groups' code bytes
+    ``uint8 [128, 16]`` and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
+    scalar) is false."""
+    codes, scales = page_bytes(page_ptr, ok)
+    b0, b1, b2, b3 = split_groups(codes)
     return b0, b1, b2, b3, scales
 
 
@@ -296,36 +303,39 @@ def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8: tl.constexpr,
 
 
 @triton.jit
-def page_logits(q0, q1, q2, q3, page_ptr, USE_FP8: tl.constexpr, PTX: tl.constexpr):
-    """Relative logits of every token of a page and the token exponents.
+def page_logits(q0, q1, q2, q3, codes, scales, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+    """Relative logits of every token of a page loaded by :func:`page_bytes` (``codes``,
+    ``scales``) and the token exponents.
 
     Returns ``(dots f32 [M, 128], exponent int32 [128])`` with the true ``q . k`` equal to
     ``dots * 2**exponent`` (:func:`key_exponent` of the token's max scale byte); NaN for a
     token with a scale byte 255 (its keys are NaN, SPEC §1.3, §15.18).
     """
-    b0, b1, b2, b3, scales = load_keys(page_ptr, True)
+    b0, b1, b2, b3 = split_groups(codes)
     return key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8, PTX)
 
 
 @triton.jit
-def _band_keys(page_ptr, depth, band, DTYPE: tl.constexpr):
-    """A page's keys in exponent band ``band`` as one dot operand ``DTYPE [128, 128]``: each
-    group's e4m3 codes times ``2**(FOLD_SHIFT - depth + band * FOLD_BAND)`` (``depth``: int32
-    [128, 4], each group's scale byte below the page's reference byte) where that exponent lies in
-    ``(FOLD_SHIFT - FOLD_BAND, FOLD_SHIFT]``, zeros elsewhere."""
-    codes = e2m1_fp8(page_ptr, tl.arange(0, 128), 0, 64).to(DTYPE)
+def _band_keys(codes, depth, band, DTYPE: tl.constexpr):
+    """A page's keys (``codes``: :func:`code_bytes`) in exponent band ``band`` as one dot
+    operand ``DTYPE [128, 128]``: each group's e4m3 codes times ``2**(FOLD_SHIFT - depth + band
+    * FOLD_BAND)`` (``depth``: int32 [128, 4], each group's scale byte below the page's
+    reference byte) where that exponent lies in ``(FOLD_SHIFT - FOLD_BAND, FOLD_SHIFT]``, zeros
+    elsewhere."""
+    keys = nibbles_fp8(codes).to(DTYPE)
     shift = FOLD_SHIFT - depth + band * FOLD_BAND
     inside = (shift <= FOLD_SHIFT) & (shift > FOLD_SHIFT - FOLD_BAND)
     factor = tl.where(inside, pow2(shift), 0.0).to(DTYPE)
-    return tl.reshape(tl.reshape(codes, (128, 4, 32)) * factor[:, :, None], (128, 128))
+    return tl.reshape(tl.reshape(keys, (128, 4, 32)) * factor[:, :, None], (128, 128))
 
 
 @triton.jit
-def folded_page_logits(q, page_ptr, live):
+def folded_page_logits(q, codes, scale_words, live):
     """:func:`page_logits` with the scale groups folded into the keys: one ``K = 128`` dot
     instead of four ``K = 32`` dots and four rescaled results, and one exponent for the page.
 
-    ``q``: the query tile ``[M, 128]`` in fp16 (e4m3-exact values) or bf16; ``live``: bool
+    ``q``: the query tile ``[M, 128]`` in fp16 (e4m3-exact values) or bf16; ``codes``,
+    ``scale_words``: the page as :func:`page_bytes` loads it; ``live``: bool
     [128], the tokens any row may see. The reference is the largest scale byte of the live
     tokens. A group ``depth`` binades below it is scaled by ``2**(FOLD_SHIFT - depth)`` into
     the 16-bit operand: exact for depths 0..31 (fp16: from ``e2m1 * 2**-6 * 2**-16 >=
@@ -342,9 +352,7 @@ def folded_page_logits(q, page_ptr, live):
     every live token, so a row's maximum can be taken first and scaled once; the dots of a
     token with a scale byte 255 (NaN keys) are NaN.
     """
-    tok = tl.arange(0, 128)
-    scales = tl.load(page_ptr + SCALE_OFFSET + tok[:, None] * 4
-                     + tl.arange(0, 4)[None, :]).to(tl.int32)
+    scales = group_bytes(scale_words)
     nan_keys = tl.max(scales, axis=1) == NAN_BYTE
     live = live & ~nan_keys  # NaN tokens get NaN dots, not a scale: the rest stay exact
     ref = tl.max(tl.where(live, tl.max(scales, axis=1), 0), axis=0)
@@ -355,16 +363,9 @@ def folded_page_logits(q, page_ptr, live):
     for i in range(bands):
         if i > 0:
             dots = dots * BAND_STEP
-        dots = tl.dot(q, tl.trans(_band_keys(page_ptr, depth, bands - 1 - i, q.dtype)), dots)
+        dots = tl.dot(q, tl.trans(_band_keys(codes, depth, bands - 1 - i, q.dtype)), dots)
     dots = tl.where(nan_keys[None, :], float("nan"), dots)  # elementwise: no extra reduction
     return dots, ref - 127 + 6 - FOLD_SHIFT
-
-
-@triton.jit
-def load_values(page_ptr, ok):
-    """A value page's raw bytes: codes ``uint8 [128, 64]`` and scale words
-    (:func:`scale_words`). Zeros where ``ok`` (a scalar) is false."""
-    return code_bytes(page_ptr, ok), scale_words(page_ptr, ok)
 
 
 @triton.jit
@@ -389,7 +390,7 @@ def value_dims():
 
 @triton.jit
 def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
-    """Exactly dequantized values of a page loaded by :func:`load_values`, as the low-nibble
+    """Exactly dequantized values of a page loaded by :func:`page_bytes`, as the low-nibble
     (even) and the high-nibble (odd) elements: two ``DTYPE [128, 64]`` (bf16 or fp32: exact),
     so each stays contiguous in registers and goes to shared memory (the PV dot's operand) in
     16-byte stores. A group with scale byte 255 is NaN, elements past the fp32 range are

@@ -144,7 +144,7 @@ def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
     a page that is not loads nothing and is skipped."""
     ok, base = page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES)
     k0, k1, k2, k3, k_scales = mxfp4.load_keys(k_ptr + base, ok)
-    v_words, v_scales = mxfp4.load_values(v_ptr + base, ok)
+    v_words, v_scales = mxfp4.page_bytes(v_ptr + base, ok)
     return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
 
 
