@@ -348,13 +348,15 @@ def folded_page_logits(q, codes, scale_words, live):
     loses low bits to fp32 subnormals: far below the 2 ulp of the block's magnitude (SPEC
     §10) that the largest token sets.
 
-    Returns ``(dots f32 [M, 128], exponent int32)`` with ``q . k = dots * 2**exponent`` for
-    every live token, so a row's maximum can be taken first and scaled once; the dots of a
-    token with a scale byte 255 (NaN keys) are NaN.
+    Returns ``(dots f32 [M, 128], exponent int32, nan_keys bool [128])`` with ``q . k = dots *
+    2**exponent`` for every live token, so a row's maximum can be taken first and scaled once.
+    ``nan_keys`` marks the tokens with a scale byte 255 (NaN keys: SPEC §1.3, §15.18); their
+    dots are finite (their groups at byte 255 fold to zeros), so the caller marks the rows that
+    see one once per row instead of a NaN per element.
     """
     scales = group_bytes(scale_words)
     nan_keys = tl.max(scales, axis=1) == NAN_BYTE
-    live = live & ~nan_keys  # NaN tokens get NaN dots, not a scale: the rest stay exact
+    live = live & ~nan_keys  # NaN tokens set no reference: the rest stay exact
     ref = tl.max(tl.where(live, tl.max(scales, axis=1), 0), axis=0)
     depth = ref - scales  # [128, 4]; negative (zero keys) only for tokens that are not live
     deepest = tl.max(tl.max(tl.where(live[:, None], depth, 0), axis=1), axis=0)
@@ -364,8 +366,7 @@ def folded_page_logits(q, codes, scale_words, live):
         if i > 0:
             dots = dots * BAND_STEP
         dots = tl.dot(q, tl.trans(_band_keys(codes, depth, bands - 1 - i, q.dtype)), dots)
-    dots = tl.where(nan_keys[None, :], float("nan"), dots)  # elementwise: no extra reduction
-    return dots, ref - 127 + 6 - FOLD_SHIFT
+    return dots, ref - 127 + 6 - FOLD_SHIFT, nan_keys
 
 
 @triton.jit
