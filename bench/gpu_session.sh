@@ -3,8 +3,9 @@
 # "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
 # and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
 # step against dense attention, or the profile / diagnose modes ("gluon": the opt-in Gluon
-# kernels tested and timed against the Triton ones; "fp8": the opt-in e4m3 QK dots). Logs go
-# to $OUT (the device tool's output folder) or ./gpu_logs.
+# kernels tested and timed against the Triton ones; "fp8": the opt-in e4m3 QK dots; "ab":
+# other trees' kernels against this tree's, bench/ab_trees.py). Logs go to $OUT (the device
+# tool's output folder) or ./gpu_logs.
 set -u
 MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
@@ -70,6 +71,12 @@ elif [ "$MODE" = fp8 ]; then
     index_scores -ra > "$OUT/fp8_tests.txt" 2>&1
   echo "fp8 tests rc=$?"; tail -8 "$OUT/fp8_tests.txt"
   timeout 240 $PY bench/gpu_diagnose.py --fp8-dots 2>&1 | grep -E "^round" | tee "$OUT/fp8.txt"
+elif [ "$MODE" = ab ]; then
+  # Other trees' kernels against this tree's, interleaved (bench/ab_trees.py: prepare the trees
+  # here and carry bench/ab_trees to the device); TREES and CELLS comma-separated.
+  timeout ${BENCH_TIMEOUT:-540} $PY bench/ab_trees.py run --trees "$TREES" --cells "$CELLS" \
+    --rounds ${ROUNDS:-2} > "$OUT/ab.txt" 2> "$OUT/ab_err.txt"
+  echo "ab rc=$?"; cat "$OUT/ab.txt"; tail -5 "$OUT/ab_err.txt"
 elif [ "$MODE" = step ]; then
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --step --repeats ${REPEATS:-5} \
     > "$OUT/step.txt" 2> "$OUT/step_err.txt"

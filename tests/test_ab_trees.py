@@ -1,0 +1,52 @@
+"""bench/ab_trees.py, the device A/B of another tree's kernels, checked without a GPU: a
+prepared tree's modules import each other, and inside ``lowering_from`` the lowering compiles
+that tree's kernel (recorded at the compiler while an index scorer is exported for sm_90),
+this tree's again after. Mutation: ``lowering_from`` not swapping the modules fails the first
+assertion on the compiled kernel's module."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                    reason="needs the git history of the checkout")
+def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
+    from jax_mxfp4.gpu import compiler
+
+    ab_trees, sass_stats = _bench_module("ab_trees"), _bench_module("sass_stats")
+    (folder,) = ab_trees.prepare(["HEAD"], out=tmp_path)
+    assert "jax_mxfp4.gpu.kernels" not in (folder / "index_scores.py").read_text()
+    modules = ab_trees.tree_modules("HEAD", trees=tmp_path)
+    assert modules["index_scores"].mxfp4.__name__ == "ab_HEAD.mxfp4"
+
+    compiled_from = []
+    compile_kernel = compiler.compile_kernel
+
+    def recording(spec, target):
+        compiled_from.append(spec.fn.fn.__module__)
+        return compile_kernel(spec, target)
+
+    monkeypatch.setattr(compiler, "compile_kernel", recording)
+    fn, args = sass_stats.CASES["index decode b32 S1 ctx 128K"]
+    with ab_trees.lowering_from(modules):  # a new function each time: jit caches a lowering
+        sass_stats.kernels_of(lambda *a: fn(*a), args)
+    sass_stats.kernels_of(lambda *a: fn(*a), args)
+    assert compiled_from == ["ab_HEAD.index_scores", "jax_mxfp4.gpu.kernels.index_scores"]
+    assert importlib.import_module("jax_mxfp4.gpu.kernels.index_scores").__name__ == \
+        "jax_mxfp4.gpu.kernels.index_scores"
