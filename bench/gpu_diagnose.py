@@ -206,15 +206,12 @@ def index_variants(device: str = "cuda", timer=None,
         inputs = _index_inputs(b, s, nb, -1, gen, device)
         t, pages = inputs["T"], inputs["P"]
         base = kernels.plan(t, 1, b, nb, H200_SMS)
-        grid1 = (base.grid[0], nb, 1)
-        variants = {"tensor cores": dataclasses.replace(base, blocks=1, grid=grid1,
-                                                        one_row=False)}
+        variants = {"tensor cores": dataclasses.replace(base.with_blocks(1, nb), one_row=False)}
         if base.one_row:
             for blocks in (1, 2, 4):
                 for warps in (2, 4, 8):
-                    grid = (base.grid[0], triton.cdiv(nb, blocks), 1)
                     variants[f"cuda cores {blocks} blk {warps} w"] = dataclasses.replace(
-                        base, blocks=blocks, grid=grid, num_warps=warps)
+                        base.with_blocks(blocks, nb), num_warps=warps)
         times = [timer(_index_launch(plan, inputs)) for plan in variants.values()]
         gbs = [pages * 68 * 128 / (x * 1e-6) / 1e9 for x in times]
         rows = zip(variants, times, gbs, strict=True)

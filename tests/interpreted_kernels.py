@@ -13,7 +13,6 @@ interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is n
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -67,8 +66,7 @@ def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
     plan = index_scores.plan(rows, 1, requests_n, case.num_blocks, num_sms=132)
     assert plan.one_row, plan
     if blocks is not None:
-        grid = (plan.grid[0], -(-case.num_blocks // blocks), 1)
-        plan = dataclasses.replace(plan, blocks=blocks, grid=grid)
+        plan = plan.with_blocks(blocks, case.num_blocks)
     out = HostArray(np.full((1, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](
@@ -195,8 +193,7 @@ def interpreted_scores(case, q_round: str, num_heads: int,
     rows, requests_n = len(positions), table.shape[0]
     plan = index_scores.plan(rows, num_heads, requests_n, case.num_blocks, num_sms=132)
     if blocks is not None:
-        grid = (plan.grid[0], -(-case.num_blocks // blocks), 1)
-        plan = dataclasses.replace(plan, blocks=blocks, grid=grid)
+        plan = plan.with_blocks(blocks, case.num_blocks)
     out = HostArray(np.full((num_heads, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
     index_scores.index_scores_kernel[plan.grid](

@@ -136,16 +136,12 @@ def test_index_scores_exact_data(rng, shape):
 
 def _force_blocks(monkeypatch, blocks: int) -> None:
     """Make ``index_scores.plan`` give every tile ``blocks`` blocks per program."""
-    import dataclasses
-
     from jax_mxfp4.gpu.kernels import index_scores
 
     planned = index_scores.plan
 
     def forced(*args, **kwargs):
-        p = planned(*args, **kwargs)
-        grid = (p.grid[0], -(-args[3] // blocks), 1)
-        return dataclasses.replace(p, blocks=blocks, grid=grid)
+        return planned(*args, **kwargs).with_blocks(blocks, args[3])
 
     monkeypatch.setattr(index_scores, "plan", forced)
 
