@@ -128,22 +128,25 @@ def _masked_maxima(logits, sel, pos, tok):
 
 
 @triton.jit
-def _folded_maxima(q, codes, scales, sel, pos, tok):
+def _folded_maxima(q, codes, scales, sel, pos, j, reach, low):
     """Max logits of the selected rows over one page with folded keys: on the relative logits,
     scaled once per row; a block every selected row sees whole needs no per-token mask. What
     makes a row NaN (SPEC §15.18) is found per row, not per element: a NaN dot (a NaN query) in
     the NaN-propagating maximum, a NaN key token the row sees from the first such token's
     index, a logit that is not finite from the row's largest ``|dot|`` once scaled. That last
     check runs only where a logit can be infinite: always for bf16 queries, and for e4m3
-    ones (``|dots| <= 128 * 448 * 6 * 2**9``) only on a page whose exponent is above 0."""
-    reach = tl.max(tl.where(sel, pos, -1), axis=0)
-    dots, expo, nan_keys = mxfp4.folded_page_logits(q, codes, scales, tok <= reach)
-    if tl.max(tok, axis=0) <= tl.min(tl.where(sel, pos, reach), axis=0):
+    ones (``|dots| <= 128 * 448 * 6 * 2**9``) only on a page whose exponent is above 0.
+    ``reach`` and ``low``: the largest and the smallest position of the selected rows (the
+    same for every block of a tile: :func:`_row_span`), so the whole-block test of block
+    ``j`` takes no reduction."""
+    tok = j * 128 + tl.arange(0, 128)
+    dots, expo, first_nan = mxfp4.folded_page_logits(q, codes, scales, tok <= reach)
+    if j * 128 + 127 <= low:
         best = tl.reduce(dots, 1, _max_nan)
     else:
         seen = sel[:, None] & (tok[None, :] <= pos[:, None])
         best = tl.reduce(tl.where(seen, dots, float("-inf")), 1, _max_nan)
-    poisoned = pos >= tl.min(tl.where(nan_keys, tok, 2**30), axis=0)
+    poisoned = pos >= j * 128 + first_nan
     if q.dtype == tl.float16:  # e4m3-exact queries: finite dots
         if expo > 0:
             poisoned |= _overflows(dots, sel, pos, tok, expo)
@@ -151,6 +154,14 @@ def _folded_maxima(q, codes, scales, sel, pos, tok):
         poisoned |= _overflows(dots, sel, pos, tok, expo)
     best = tl.where(poisoned, float("nan"), best)
     return tl.where(sel, mxfp4.mul_pow2(best, expo), float("-inf"))
+
+
+@triton.jit
+def _row_span(sel, pos):
+    """The largest and the smallest position of the rows ``sel`` selects (-1 and the largest
+    where none is): two reductions across the tile, taken once per tile, not per block."""
+    reach = tl.max(tl.where(sel, pos, -1), axis=0)
+    return reach, tl.min(tl.where(sel, pos, reach), axis=0)
 
 
 @triton.jit
@@ -163,17 +174,19 @@ def _overflows(dots, sel, pos, tok, expo):
 
 
 @triton.jit
-def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, tok, USE_FP8: tl.constexpr,
-                 FOLD: tl.constexpr, PTX: tl.constexpr):
-    """Max logit of each dot row ``sel`` selects over the tokens ``tok`` (int32 [128]) of one
-    page as :func:`mxfp4.page_bytes` loaded it (-inf for the other rows). ``FOLD``: the query
+def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
+                 USE_FP8: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
+    """Max logit of each dot row ``sel`` selects over block ``j``'s tokens from its page as
+    :func:`mxfp4.page_bytes` loaded it (-inf for the other rows). ``FOLD``: the query
     tile ``q [M, 128]`` against folded keys (:func:`mxfp4.folded_page_logits`), else the
-    groups ``q0 .. q3`` (:func:`mxfp4.page_logits`)."""
+    groups ``q0 .. q3`` (:func:`mxfp4.page_logits`). ``reach``, ``low``: :func:`_row_span`
+    of ``sel`` (folded keys only)."""
     if FOLD:
-        best = _folded_maxima(q, codes, scales, sel, pos, tok)
+        best = _folded_maxima(q, codes, scales, sel, pos, j, reach, low)
     else:
         dots, expo = mxfp4.page_logits(q0, q1, q2, q3, codes, scales, USE_FP8, PTX)
-        best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos, tok)
+        best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos,
+                              j * 128 + tl.arange(0, 128))
     return best
 
 
@@ -187,8 +200,9 @@ def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_
     best = tl.full(sel.shape, float("-inf"), tl.float32)
     if (page >= 0) & (page < P) & (tl.max(sel.to(tl.int32), axis=0) > 0):
         codes, scales = mxfp4.page_bytes(pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES, True)
-        best = _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos,
-                            j * 128 + tl.arange(0, 128), USE_FP8, FOLD, PTX)
+        reach, low = _row_span(sel, pos)
+        best = _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
+                            USE_FP8, FOLD, PTX)
     return best
 
 
@@ -223,6 +237,7 @@ def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r,
     the program measured slower: over twice the code, 13.5 K instructions against 6.2 K)."""
     page_ptr, ok = _block_page(pool_ptr, table_ptr, req_r, reach, first_block, NB, W, P)
     codes, scales = mxfp4.page_bytes(page_ptr, ok)
+    low = tl.min(tl.where(live, pos, reach), axis=0)  # reach: the live rows' largest position
     for jj in range(BLOCKS):
         j = first_block + jj
         next_ptr, next_ok = _block_page(pool_ptr, table_ptr, req_r, reach, j + 1, NB, W, P)
@@ -230,8 +245,8 @@ def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r,
         next_codes, next_scales = mxfp4.page_bytes(next_ptr, next_ok)
         best = tl.full((pos.shape[0],), float("-inf"), tl.float32)
         if ok:
-            best = _page_maxima(q, q0, q1, q2, q3, codes, scales, live, pos,
-                                j * 128 + tl.arange(0, 128), USE_FP8, FOLD, PTX)
+            best = _page_maxima(q, q0, q1, q2, q3, codes, scales, live, pos, j, reach, low,
+                                USE_FP8, FOLD, PTX)
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
         codes, scales, ok = next_codes, next_scales, next_ok
 

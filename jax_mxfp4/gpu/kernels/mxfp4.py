@@ -348,25 +348,37 @@ def folded_page_logits(q, codes, scale_words, live):
     loses low bits to fp32 subnormals: far below the 2 ulp of the block's magnitude (SPEC
     §10) that the largest token sets.
 
-    Returns ``(dots f32 [M, 128], exponent int32, nan_keys bool [128])`` with ``q . k = dots *
+    Returns ``(dots f32 [M, 128], exponent int32, first_nan int32)`` with ``q . k = dots *
     2**exponent`` for every live token, so a row's maximum can be taken first and scaled once.
-    ``nan_keys`` marks the tokens with a scale byte 255 (NaN keys: SPEC §1.3, §15.18); their
-    dots are finite (their groups at byte 255 fold to zeros), so the caller marks the rows that
-    see one once per row instead of a NaN per element.
+    ``first_nan`` is the page index of the first token with a scale byte 255 (NaN keys: SPEC
+    §1.3, §15.18; ``2**30`` where there is none); the dots of such tokens are finite (their
+    groups at byte 255 fold to zeros), so the caller makes NaN the rows that see one, once per
+    row instead of a NaN per element. The page's reference byte, its deepest group and its
+    first NaN-key token come from one reduction across the tile.
     """
     scales = group_bytes(scale_words)
-    nan_keys = tl.max(scales, axis=1) == NAN_BYTE
+    largest, smallest = tl.max(scales, axis=1), tl.min(scales, axis=1)
+    nan_keys = largest == NAN_BYTE
     live = live & ~nan_keys  # NaN tokens set no reference: the rest stay exact
-    ref = tl.max(tl.where(live, tl.max(scales, axis=1), 0), axis=0)
+    ref, shallowest, first_nan = tl.reduce(
+        (tl.where(live, largest, 0), tl.where(live, smallest, NAN_BYTE),
+         tl.where(nan_keys, tl.arange(0, 128), 2**30)), 0, _page_span)
     depth = ref - scales  # [128, 4]; negative (zero keys) only for tokens that are not live
-    deepest = tl.max(tl.max(tl.where(live[:, None], depth, 0), axis=1), axis=0)
+    deepest = tl.maximum(ref - shallowest, 0)  # the deepest live group below the reference
     bands = deepest // FOLD_BAND + 1
     dots = tl.zeros((q.shape[0], 128), tl.float32)
     for i in range(bands):
         if i > 0:
             dots = dots * BAND_STEP
         dots = tl.dot(q, tl.trans(_band_keys(codes, depth, bands - 1 - i, q.dtype)), dots)
-    return dots, ref - 127 + 6 - FOLD_SHIFT, nan_keys
+    return dots, ref - 127 + 6 - FOLD_SHIFT, first_nan
+
+
+@triton.jit
+def _page_span(ref_a, low_a, nan_a, ref_b, low_b, nan_b):
+    """Combine of :func:`folded_page_logits`'s reduction: the largest reference byte, the
+    smallest group byte, the first NaN-key token."""
+    return tl.maximum(ref_a, ref_b), tl.minimum(low_a, low_b), tl.minimum(nan_a, nan_b)
 
 
 @triton.jit
