@@ -146,17 +146,21 @@ def _sass_stats():
 
 def test_one_row_index_tiles_skip_the_tensor_cores():
     """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
-    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs.
-    (Mutation: a plan that never picks one-row tiles fails here.)"""
+    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs,
+    within the plan's register cap (five programs per SM). (Mutations: a plan that never picks
+    one-row tiles fails here, and so does one without the cap: 118 registers.)"""
+    from jax_mxfp4.gpu.kernels import index_scores
+
     sass_stats = _sass_stats()
-    mix = {}
+    mix, registers = {}, {}
     for per_request in (1, 4):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
         resources, ops = sass_stats.profile(kernel)
         assert int(resources["REG"]) > 0 and sum(ops.values()) > 100
-        mix[per_request] = ops
+        mix[per_request], registers[per_request] = ops, int(resources["REG"])
     assert mix[1]["FFMA"] >= 100 and not any("MMA" in op for op in mix[1])
     assert any("MMA" in op for op in mix[4])
+    assert registers[4] <= index_scores.DECODE_TILE_REGISTERS
 
 
 def test_prefill_index_tiles_fold_the_keys_without_spilling():

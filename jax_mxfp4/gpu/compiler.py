@@ -58,6 +58,7 @@ class KernelSpec:
     constants: tuple[tuple[str, Any], ...]
     num_warps: int = 4
     num_stages: int = 2
+    max_registers: int | None = None  # per thread (CUDA ``maxnreg``); None: the compiler's
 
     def runtime_args(self) -> list[tuple[str, str]]:
         return [(n, t) for n, t in self.signature if t != "constexpr"]
@@ -93,7 +94,7 @@ def _key(spec: KernelSpec, target: Target) -> str:
             "name": spec.fn.__name__,
             "signature": spec.signature,
             "constants": [(k, repr(v)) for k, v in spec.constants],
-            "options": [spec.num_warps, spec.num_stages],
+            "options": [spec.num_warps, spec.num_stages, spec.max_registers],
             "target": [target.backend, str(target.arch), target.warp_size],
             "triton": triton.__version__,
             "cache_format": 3,  # 2: entries carry the ROCm assembly (Compiled.isa); 3: no
@@ -139,6 +140,8 @@ def triton_compile(spec: KernelSpec, target: Target) -> Compiled:
         attrs=_divisibility_attrs(spec),
     )
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.max_registers is not None:
+        options["maxnreg"] = spec.max_registers
     kernel = triton.compile(
         source, target=GPUTarget(target.backend, target.arch, target.warp_size), options=options
     )
@@ -242,9 +245,10 @@ def _compile_here_or_isolated(spec: KernelSpec, target: Target) -> Compiled:
 
 
 def spec(fn, args: dict[str, str], constants: dict[str, Any], *, num_warps: int = 4,
-         num_stages: int = 2) -> KernelSpec:
+         num_stages: int = 2, max_registers: int | None = None) -> KernelSpec:
     """A :class:`KernelSpec` from the kernel's argument types and constexpr values; the
-    argument order is the kernel's own."""
+    argument order is the kernel's own. ``max_registers`` caps the registers per thread
+    (CUDA only), which sets how many programs an SM holds."""
     signature = []
     for name in fn.arg_names:
         if name in constants:
@@ -254,4 +258,4 @@ def spec(fn, args: dict[str, str], constants: dict[str, Any], *, num_warps: int 
         else:
             raise TypeError(f"{fn.__name__}: no type or value for argument {name!r}")
     return KernelSpec(fn, tuple(signature), tuple(sorted(constants.items())), num_warps,
-                      num_stages)
+                      num_stages, max_registers)

@@ -45,7 +45,7 @@ def pointer_type(dtype) -> str:
 def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | None],
            avals: Sequence, scalars: Mapping[str, np.generic], constants: Mapping[str, Any],
            nulls: Mapping[str, Any] | None = None, num_warps: int = 4,
-           num_stages: int = 2) -> launcher.Launch:
+           num_stages: int = 2, max_registers: int | None = None) -> launcher.Launch:
     """The launch of ``fn`` (a ``@triton.jit`` function) compiled for ``target``.
 
     A kernel argument named ``PTX`` is a constant given here, not by the lowering: whether
@@ -80,8 +80,10 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
             params.append(param(scalars[name]))
         else:
             raise TypeError(f"{fn.__name__}: nothing given for argument {name!r}")
+    if max_registers is not None and target.device != CUDA:
+        max_registers = None  # a CUDA option (ptxas's maxnreg)
     spec = compiler.spec(fn, types, constants, num_warps=num_warps,
-                         num_stages=num_stages)
+                         num_stages=num_stages, max_registers=max_registers)
     kernel = compiler.compile_kernel(spec, triton_target(target))
     return launcher.Launch(kernel, tuple(int(g) for g in grid),
                            launcher.with_scratch(params))

@@ -308,12 +308,20 @@ class Plan:
     num_warps: int
     one_row: bool  # one dot row per tile: CUDA-core scoring
     fold: bool  # scale groups folded into the keys: one K = 128 dot per block
+    max_registers: int | None = None  # per thread; None: the compiler's choice
 
     def with_blocks(self, blocks: int, num_blocks: int) -> Plan:
         """This tiling with ``blocks`` blocks per program over ``num_blocks`` blocks (the
         tests and benchmarks force a walk the plan would not pick for their small grids)."""
         return dataclasses.replace(self, blocks=blocks,
                                    grid=(self.grid[0], triton.cdiv(num_blocks, blocks), 1))
+
+
+DECODE_TILE_REGISTERS = 96
+"""Registers per thread of a decode-shaped tensor-core tile (16 dot rows, 4 warps) at most:
+five programs per SM instead of the four its 118 allow (16 bytes spilled). RESULTS, sixth
+session: 65.5 against 68.8 us at b8 S4 128K, 65.8 against 69.3 at b32 S8 32K; a cap of 80
+(six programs, 48 bytes spilled) gained less."""
 
 
 ONE_ROW_PAIRS_FROM = 64
@@ -337,7 +345,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     relative scales exactly).
 
     A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
-    a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
+    a 16-row tensor-core tile would be 15/16 padding (16-row tiles are capped at
+    :data:`DECODE_TILE_REGISTERS`). Decode-shaped tiles (under 64 dot rows)
     take one block per program (tens of thousands of small programs, none waiting on a page
     for another block) and four group dots, which measured faster than folded keys there;
     one-row tiles two blocks where the grid is large (:data:`ONE_ROW_PAIRS_FROM`).
@@ -360,7 +369,9 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
     fold = foldable and m >= 64
-    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, rows * num_heads == 1, fold)
+    one_row = rows * num_heads == 1
+    registers = DECODE_TILE_REGISTERS if m == 16 and not one_row else None
+    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, one_row, fold, registers)
 
 
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
@@ -443,6 +454,6 @@ def lower(ctx, call, q, pool, table, positions, requests):
             index_scores_kernel, call.target, grid=(0, 1, 1) if empty else layout.grid,
             buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
             avals=(*call.avals_in, *call.avals_out), scalars=scalars, constants=constants,
-            num_warps=layout.num_warps)
+            num_warps=layout.num_warps, max_registers=layout.max_registers)
     return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
                          call.avals_out)
