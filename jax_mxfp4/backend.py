@@ -23,9 +23,13 @@ state                          environment variable       meaning
                                                           (opt-in, experimental: outside
                                                           SPEC §10's tolerance on the H200)
 ``jax_mxfp4_gfx950_kernels``   ``JAX_MXFP4_GFX950_KERNELS``  ``"flydsl"`` or ``"triton"`` on gfx950
-``jax_mxfp4_cuda_kernels``     ``JAX_MXFP4_CUDA_KERNELS``  ``"triton"``, or ``"gluon"``: the
-                                                          experimental Gluon index tile and
-                                                          attention split kernel (opt-in)
+``jax_mxfp4_cuda_kernels``     ``JAX_MXFP4_CUDA_KERNELS``  ``"auto"`` (the measured fastest:
+                                                          Triton, and the Gluon decode index
+                                                          rows tile at S * H = 2..8),
+                                                          ``"triton"`` (Triton only), or
+                                                          ``"gluon"`` (the experimental Gluon
+                                                          index tile and attention split
+                                                          kernel, opt-in)
 ``jax_mxfp4_gpu_arch``         ``JAX_MXFP4_GPU_ARCH``     lower for this GPU arch (``90``,
                                                           ``gfx942``, ``gfx950``) instead of the
                                                           device's: lowering without that GPU
@@ -46,7 +50,7 @@ from jax._src import config as _jax_config
 
 AUTO, REFERENCE = "auto", "reference"
 GFX950_KERNEL_CHOICES = ("flydsl", "triton")
-CUDA_KERNEL_CHOICES = ("triton", "gluon")
+CUDA_KERNEL_CHOICES = ("auto", "triton", "gluon")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +132,10 @@ _gfx950_kernels_state = _string_state(
     "jax_mxfp4: on gfx950, the FlyDSL kernels where they cover a call, or the Triton ones.",
     lambda v: v in GFX950_KERNEL_CHOICES, f"one of {GFX950_KERNEL_CHOICES}")
 _cuda_kernels_state = _string_state(
-    "jax_mxfp4_cuda_kernels", "triton",
-    "jax_mxfp4: on CUDA, the Triton kernels, or (opt-in, tested on the H200, no faster) the Gluon "
-    "decode index tile and attention split kernel where they cover a call.",
+    "jax_mxfp4_cuda_kernels", "auto",
+    "jax_mxfp4: on CUDA, the fastest measured kernels (auto: Triton, and the Gluon decode index "
+    "rows tile where it covers a call), the Triton kernels only (triton), or (opt-in, tested on "
+    "the H200, no faster) the Gluon decode index tile and attention split kernel (gluon).",
     lambda v: v in CUDA_KERNEL_CHOICES, f"one of {CUDA_KERNEL_CHOICES}")
 _gpu_arch_state = _string_state(
     "jax_mxfp4_gpu_arch", None,
@@ -149,7 +154,7 @@ class LoweringConfig:
     backend: str = AUTO
     fp8_dots: bool = False
     gfx950_kernels: str = "flydsl"
-    cuda_kernels: str = "triton"
+    cuda_kernels: str = "auto"
     gpu_arch: str | None = None
     gpu_units: int | None = None
 

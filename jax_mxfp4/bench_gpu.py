@@ -201,6 +201,7 @@ def cells(quick: bool = False) -> list[Cell]:
     out = [
         index_cell("b32 S1 H1 ctx 8K", 32, 1, 8192),
         index_cell("b32 S1 H1 ctx 128K", 32, 1, 131072),
+        index_cell("b8 S4 H1 ctx 8K", 8, 4, 8192),
         index_cell("b8 S4 H1 ctx 128K", 8, 4, 131072),
         index_cell("b32 S8 H1 ctx 32K", 32, 8, 32768),
         index_cell("b4 S1 H1 ctx 512K", 4, 1, 524288),

@@ -1,7 +1,8 @@
-"""The opt-in Gluon kernels (``cuda_kernels="gluon"``: ``index_tile_gluon``, ``attention_gluon``)
-without a GPU: their column orders checked in Triton's interpreter, the index tile's sm_90
-compile checked for keys that never pass through shared memory, and the CUDA lowering taking
-both under the switch and neither without it. (They run on the GPU in ``tests/gpu``.)
+"""The Gluon kernels without a GPU: the default decode rows tile (``index_rows_gluon``) and the
+opt-in ones (``cuda_kernels="gluon"``: ``index_tile_gluon``, ``attention_gluon``). Their column
+orders are checked in Triton's interpreter, the index tiles' sm_90 compiles for keys that never
+pass through shared memory, and the CUDA lowering for taking each under its setting and no
+other. (They run on the GPU in ``tests/gpu``.)
 
 The interpreter cannot run a Gluon kernel; the kernel's column order lives in two plain
 ``triton.jit`` functions it calls (``operand_order``, the keys' reshape and permute, and
@@ -76,30 +77,89 @@ def test_key_operands_hold_the_columns_the_query_is_loaded_in(tmp_path):
         np.testing.assert_array_equal(operands[nib], want)
 
 
-def test_keys_reach_the_tensor_cores_without_shared_memory():
-    """The sm_90 compile: the only shared memory is the row maxima's cross-warp reduction
-    (1 KiB), and no key operand goes through it (no ``local_store`` of a 16-bit tile)."""
+_ROWS_TWIN = textwrap.dedent('''
+    import numpy as np, triton, triton.language as tl, sys
+    sys.modules["torch"] = None
+    from host_array import HostArray
+    from jax_mxfp4.gpu.kernels.index_rows_gluon import token_order, word_bytes
+    from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
+
+    @triton.jit
+    def _arranged(words_ptr, lo_ptr, hi_ptr, col_ptr):
+        tok = tl.arange(0, 128)
+        words = tl.load(words_ptr + tok[:, None] * 4 + tl.arange(0, 4)[None, :])
+        raw = word_bytes(words).to(tl.int32)
+        k = tok[:, None] * 16 + tl.arange(0, 16)[None, :]
+        tl.store(lo_ptr + k, token_order(raw & 15))
+        tl.store(hi_ptr + k, token_order(raw >> 4))
+        v = tl.arange(0, 16)
+        tl.store(col_ptr + v, key_column(v, 0))
+        tl.store(col_ptr + 16 + v, key_column(v, 1))
+
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 2**32, (128, 4), dtype=np.uint64).astype(np.uint32)
+    lo, hi = (HostArray(np.zeros((128, 16), np.int32)) for _ in range(2))
+    cols = HostArray(np.zeros(32, np.int32))
+    _arranged[(1,)](HostArray(words), lo, hi, cols)
+    np.savez(sys.argv[1], words=words, operands=np.stack([lo.array, hi.array]),
+             cols=cols.array)
+''')
+
+
+def test_rows_tile_key_operands_hold_the_query_columns(tmp_path):
+    """``index_rows_gluon``: a group's code words, split into their bytes (``word_bytes``)
+    and put in operand order (``token_order``), hold in A-operand column ``k`` of each
+    nibble's dot the group element ``key_column(k, nib)`` that the query operand holds in
+    row ``k``. (Mutations: the bytes joined as ``(b0, b1), (b2, b3)``, or ``token_order``'s
+    permute left as ``(0, 1, 2, 3)``, fail it.)"""
+    result = _interpreted(tmp_path, _ROWS_TWIN)
+    cols = result["cols"]
+    assert sorted(cols) == list(range(32))
+    raw = result["words"].view(np.uint8).reshape(128, 16)  # little-endian bytes of each word
+    codes = np.stack([raw & 15, raw >> 4], axis=-1).reshape(128, 32)  # element order
+    for nib in (0, 1):
+        np.testing.assert_array_equal(result["operands"][nib],
+                                      codes[:, cols[16 * nib:16 * nib + 16]])
+
+
+def _gluon_sm90(kernel, constexprs: dict, num_warps: int):
+    """Triton's sm_90 compile of a Gluon index kernel (the launcher's argument types)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from jax_mxfp4.gpu.kernels import index_tile_gluon as kernels
-
     sig = {"q_ptr": "*bf16", "pool_ptr": "*u8", "table_ptr": "*i32", "pos_ptr": "*i32",
            "req_ptr": "*i32", "out_ptr": "*fp32", "T": "i32", "B": "i32", "W": "i32",
-           "P": "i32", "NB": "i32", "score_scale": "fp32", "H": "constexpr",
-           "ROWS": "constexpr", "ROUND_Q": "constexpr"}
+           "P": "i32", "NB": "i32", "score_scale": "fp32",
+           **{name: "constexpr" for name in constexprs}}
     names = list(sig)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
              if t.startswith("*")}
-    source = GluonASTSource(kernels.index_tile_kernel, sig, attrs=attrs,
-                            constexprs={"H": 1, "ROWS": 4, "ROUND_Q": True})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": kernels.WARPS})
-    assert compiled.metadata.shared <= 1024
+    source = GluonASTSource(kernel, sig, attrs=attrs, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps})
+
+
+@pytest.mark.parametrize("tile", ["rows", "tile"])
+def test_keys_reach_the_tensor_cores_without_shared_memory(tile):
+    """The sm_90 compile: the only shared memory is the row maxima's cross-warp reduction
+    (1 KiB for the 16-row tile, 128 bytes for the rows tile), and no key operand goes through
+    it (no ``local_store`` of a 16-bit tile)."""
+    from jax_mxfp4.gpu.kernels import index_rows_gluon, index_tile_gluon
+
+    if tile == "rows":
+        compiled = _gluon_sm90(index_rows_gluon.index_rows_kernel,
+                               {"H": 1, "ROWS": 4, "BLOCKS": 8, "ROUND_Q": True},
+                               index_rows_gluon.WARPS)
+        shared, dots = 128, 16  # two walks of 4 groups x 2 nibbles
+    else:
+        compiled = _gluon_sm90(index_tile_gluon.index_tile_kernel,
+                               {"H": 1, "ROWS": 4, "ROUND_Q": True}, index_tile_gluon.WARPS)
+        shared, dots = 1024, 8
+    assert compiled.metadata.shared <= shared
     ttgir = compiled.asm["ttgir"]
     assert "local_store" not in ttgir or "xf16" not in ttgir.split("local_store")[1][:400]
-    assert ttgir.count("mma_v2") + ttgir.count("tt.dot") >= 8
+    assert ttgir.count("mma_v2") + ttgir.count("tt.dot") >= dots
 
 
 _ATTENTION_TWIN = textwrap.dedent('''
@@ -167,10 +227,11 @@ def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
     np.testing.assert_array_equal(r["vo"], r["v"][:, :, vcols])
 
 
-def test_the_cuda_lowering_takes_the_gluon_kernels_only_when_asked():
+def test_the_cuda_lowering_takes_each_kernel_set_under_its_setting():
     """``jm.explain`` of an S = 4 index call and a 16-page attention call lowered for sm_90:
-    the Triton kernels by default, the Gluon ones under ``cuda_kernels="gluon"``; both compile
-    through the launcher (``jax.export``)."""
+    by default (``"auto"``) the Gluon rows tile and the Triton attention, under ``"triton"``
+    the Triton kernels, under ``"gluon"`` the opt-in Gluon ones; each compiles through the
+    launcher (``jax.export``)."""
     import jax
     import jax.numpy as jnp
 
@@ -186,7 +247,8 @@ def test_the_cuda_lowering_takes_the_gluon_kernels_only_when_asked():
     attend = (lambda *a: jm.sparse_attention(*a, sm_scale=0.1),
               (s((4, 16, 128), jnp.bfloat16), kv, kv, s((4, 1, 16), i32), s((4, 1), i32)))
     checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
-    for kernels, names in (("triton", ("index_scores_kernel", "attention_kernel[")),
+    for kernels, names in (("auto", ("index_rows_kernel", "attention_kernel[")),
+                           ("triton", ("index_scores_kernel", "attention_kernel[")),
                            ("gluon", ("index_tile_kernel", "attention_split_kernel["))):
         with jm.lowering_options(gpu_arch=90, cuda_kernels=kernels):
             for (fn, args), name in zip((index, attend), names, strict=True):

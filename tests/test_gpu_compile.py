@@ -146,21 +146,32 @@ def _sass_stats():
 
 def test_one_row_index_tiles_skip_the_tensor_cores():
     """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
-    (S = 1, H = 1) is scored with FFMAs and no MMA, a 4-row tile with tensor-core MMAs,
-    within the plan's register cap (five programs per SM). (Mutations: a plan that never picks
-    one-row tiles fails here, and so does one without the cap: 118 registers.)"""
+    (S = 1, H = 1) is scored with FFMAs and no MMA; a 4-row tile takes the Gluon rows tile
+    by default (tensor-core MMAs, no spills) and the Triton 16-row tile under
+    ``cuda_kernels="triton"`` (MMAs, within the plan's register cap: five programs per SM).
+    (Mutations: a plan that never picks one-row tiles fails here, and so does one without
+    the cap: 118 registers.)"""
+    import jax_mxfp4 as jm
     from jax_mxfp4.gpu.kernels import index_scores
 
     sass_stats = _sass_stats()
-    mix, registers = {}, {}
-    for per_request in (1, 4):
-        (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
+    found = {}
+    for per_request, kernels in ((1, "auto"), (4, "auto"), (4, "triton")):
+        with jm.lowering_options(cuda_kernels=kernels):
+            (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
         resources, ops = sass_stats.profile(kernel)
         assert int(resources["REG"]) > 0 and sum(ops.values()) > 100
-        mix[per_request], registers[per_request] = ops, int(resources["REG"])
-    assert mix[1]["FFMA"] >= 100 and not any("MMA" in op for op in mix[1])
-    assert any("MMA" in op for op in mix[4])
-    assert registers[4] <= index_scores.DECODE_TILE_REGISTERS
+        if kernels == "auto":  # (the capped Triton tile spills 16 bytes: measured faster)
+            assert int(resources.get("STACK", 0)) == 0, (per_request, resources)
+        found[per_request, kernels] = kernel.symbol, ops, int(resources["REG"])
+    symbol, ops, _ = found[1, "auto"]
+    assert symbol == "index_scores_kernel"
+    assert ops["FFMA"] >= 100 and not any("MMA" in op for op in ops)
+    symbol, ops, _ = found[4, "auto"]
+    assert symbol == "index_rows_kernel" and ops["HMMA"] >= 16
+    symbol, ops, registers = found[4, "triton"]
+    assert symbol == "index_scores_kernel" and any("MMA" in op for op in ops)
+    assert registers <= index_scores.DECODE_TILE_REGISTERS
 
 
 def test_prefill_index_tiles_fold_the_keys_without_spilling():

@@ -89,13 +89,17 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
                            launcher.with_scratch(params))
 
 
+def gluon_runs(call) -> bool:
+    """Whether ``call``'s target runs Gluon kernels: CUDA sm_80+ (``mma.sync`` operand
+    layouts)."""
+    arch = call.target.arch
+    return call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
+
+
 def gluon_requested(call) -> bool:
     """Whether ``call`` takes the opt-in Gluon kernels: asked for (``cuda_kernels="gluon"``)
-    on a CUDA sm_80+ target (``mma.sync`` operand layouts). Each Gluon lowering adds what it
-    covers."""
-    arch = call.target.arch
-    return (call.config.cuda_kernels == "gluon" and call.target.device == CUDA
-            and arch.isdigit() and int(arch) >= 80)
+    on a target that runs them. Each Gluon lowering adds what it covers."""
+    return call.config.cuda_kernels == "gluon" and gluon_runs(call)
 
 
 def launcher_problem(target: Target) -> str | None:
@@ -103,4 +107,5 @@ def launcher_problem(target: Target) -> str | None:
     return launcher.problem(target)
 
 
-__all__ = ["gluon_requested", "launch", "launcher_problem", "pointer_type", "triton_target"]
+__all__ = ["gluon_requested", "gluon_runs", "launch", "launcher_problem", "pointer_type",
+           "triton_target"]

@@ -111,26 +111,28 @@ def test_reference_query_rounding_survives_excess_precision(rng):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
 
 
-def _index(case, q_round="e4m3"):
-    return both(jm.index_scores, *case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE,
-                q_round=q_round)
+def _index(case, q_round="e4m3", kernels="auto"):
+    with jm.lowering_options(cuda_kernels=kernels):
+        return both(jm.index_scores, *case.args(), num_blocks=case.num_blocks,
+                    sm_scale=SM_SCALE, q_round=q_round)
 
 
-# Index tilings: "decode" (S = 4, H = 2): a 16-row tensor-core tile; "decode1" (S = 1,
-# H = 1): one row per tile, scored on the CUDA cores; "prefill": 128-row tensor-core tiles
-# (64 rows x 2 heads) on folded keys.
-@pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
+# Index tilings: "decode" (S = 4, H = 2: 8 dot rows): the Gluon rows tile, and under
+# cuda_kernels="triton" ("decode-triton") a 16-row Triton tile; "decode1" (S = 1, H = 1): one
+# row per tile, scored on the CUDA cores; "prefill": 128-row tensor-core tiles (64 rows x 2
+# heads) on folded keys.
+@pytest.mark.parametrize("shape", ["decode", "decode-triton", "decode1", "prefill"])
 def test_index_scores_exact_data(rng, shape):
     """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""
     kw = dict(num_heads=2, num_blocks=6, table_width=8, num_pages=40, q_dtype="e4m3",
               per_token=True, scale_lo=124, scale_hi=130)
-    if shape == "decode":
+    if shape.startswith("decode") and shape != "decode1":
         case = decode_index_case(rng, [700, 40, 129, 1], 4, **kw)
     elif shape == "decode1":
         case = decode_index_case(rng, [700, 40, 129, 1, 0], 1, **{**kw, "num_heads": 1})
     else:
         case = prefill_index_case(rng, [37, 90], [300, 0], num_rows=160, **kw)
-    kernel, ref = _index(case)
+    kernel, ref = _index(case, kernels="triton" if shape == "decode-triton" else "auto")
     assert_bits(kernel, ref)
 
 
@@ -147,10 +149,16 @@ def _force_blocks(monkeypatch, blocks: int) -> None:
 
 
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
-@pytest.mark.parametrize("shape", ["decode", "decode1", "decode1-long", "prefill", "prefill64",
-                                   "prefill-3-blocks"])
+@pytest.mark.parametrize("shape", ["decode", "decode4", "ragged", "decode1", "decode1-long",
+                                   "prefill", "prefill64", "prefill-3-blocks"])
 def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypatch):
-    """decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
+    """decode: S = 8, H = 4 (a 32-row Triton tile). decode4: S = 4, H = 2, the Gluon rows tile
+    (e4m3 rounding; a bf16 query kept as is takes the Triton tile's bf16 dots), its walk
+    over one request's blocks with the next page in flight. ragged: tiles of 4 rows whose rows
+    belong to two requests (the rows tile's walk over each request's page in turn). Both
+    with 3 blocks per program forced (these small grids plan one), the last program's blocks
+    past the end not scored.
+    decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
     per program (what it takes past 65535 blocks, the grid's y limit), so the grid's last
     program has one block past the end. prefill-3-blocks: the prefill case with three blocks
     per program (the prefetching walk of a prefill tile: each block scored from its own page,
@@ -166,6 +174,11 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
               num_pages=40, scale_lo=110, scale_hi=140)
     if shape == "decode":
         case = decode_index_case(rng, [600, 33, 128, 257], 8, **kw)
+    elif shape == "decode4":
+        kw.update(num_heads=2, num_blocks=40, table_width=40, num_pages=4 * 40)
+        case = decode_index_case(rng, [40 * 128, 33, 3000, 4097], 4, **kw)
+    elif shape == "ragged":
+        case = prefill_index_case(rng, [3, 5, 2, 6], [100, 300, 0, 400], num_rows=16, **kw)
     elif shape == "decode1":
         case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, **kw)
     elif shape == "decode1-long":
@@ -183,6 +196,13 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
         case = prefill_index_case(rng, [100, 3, 60], [64, 500, 0], num_rows=200, **kw)
         if shape == "prefill-3-blocks":
             _force_blocks(monkeypatch, 3)
+    if shape in ("decode4", "ragged"):
+        from jax_mxfp4.gpu.kernels import index_scores
+
+        rows, heads = case.q.shape[:2]
+        tile = index_scores.plan(rows, heads, len(case.block_table), case.num_blocks, UNITS)
+        assert tile.rows * heads in (4, 8) and not tile.fold, tile
+        monkeypatch.setattr(index_scores, "rows_tile_blocks", lambda *shape: 3)
     if shape.startswith("prefill"):
         from jax_mxfp4.gpu.kernels import index_scores
 
