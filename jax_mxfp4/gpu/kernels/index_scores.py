@@ -12,7 +12,8 @@ finite (a NaN key or query, an fp32 overflow: SPEC §15.18).
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
 row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
-static shapes by :func:`plan`.
+static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
+``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M).
 """
 
 from __future__ import annotations
@@ -345,8 +346,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     relative scales exactly).
 
     A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
-    a 16-row tensor-core tile would be 15/16 padding (16-row tiles are capped at
-    :data:`DECODE_TILE_REGISTERS`). Decode-shaped tiles (under 64 dot rows)
+    a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
     take one block per program (tens of thousands of small programs, none waiting on a page
     for another block) and four group dots, which measured faster than folded keys there;
     one-row tiles two blocks where the grid is large (:data:`ONE_ROW_PAIRS_FROM`).
@@ -354,6 +354,9 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     accumulator, which lets a tile hold 128 rows (four rescaled group dots spilled there), and
     up to :data:`TILE_BLOCKS_MAX` blocks per program, reusing the loaded query tile and
     loading each block's page while the one before is scored, while the grid keeps two waves.
+    16-row tiles are capped at :data:`DECODE_TILE_REGISTERS` registers per thread. (On CUDA,
+    tiles of 2 to 8 dot rows take ``index_rows_gluon`` by default instead: :func:`_rows_tile`,
+    with :func:`rows_tile_blocks` blocks per program.)
     The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
