@@ -58,7 +58,9 @@ class KernelSpec:
     constants: tuple[tuple[str, Any], ...]
     num_warps: int = 4
     num_stages: int = 2
-    max_registers: int | None = None  # per thread (CUDA ``maxnreg``); None: the compiler's
+    # registers per thread at most (ptxas's ``maxnreg``; Triton's HIP backend has no such
+    # option and drops it); None: the compiler's choice
+    max_registers: int | None = None
 
     def runtime_args(self) -> list[tuple[str, str]]:
         return [(n, t) for n, t in self.signature if t != "constexpr"]
@@ -248,7 +250,7 @@ def spec(fn, args: dict[str, str], constants: dict[str, Any], *, num_warps: int 
          num_stages: int = 2, max_registers: int | None = None) -> KernelSpec:
     """A :class:`KernelSpec` from the kernel's argument types and constexpr values; the
     argument order is the kernel's own. ``max_registers`` caps the registers per thread
-    (CUDA only), which sets how many programs an SM holds."""
+    (CUDA; a ROCm compile drops it), which sets how many programs an SM holds."""
     signature = []
     for name in fn.arg_names:
         if name in constants:

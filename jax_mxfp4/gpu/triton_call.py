@@ -80,8 +80,6 @@ def launch(fn, target: Target, *, grid: Sequence[int], buffers: Sequence[str | N
             params.append(param(scalars[name]))
         else:
             raise TypeError(f"{fn.__name__}: nothing given for argument {name!r}")
-    if max_registers is not None and target.device != CUDA:
-        max_registers = None  # a CUDA option (ptxas's maxnreg)
     spec = compiler.spec(fn, types, constants, num_warps=num_warps,
                          num_stages=num_stages, max_registers=max_registers)
     kernel = compiler.compile_kernel(spec, triton_target(target))
