@@ -1,16 +1,17 @@
 """Gluon kernel (CUDA sm_80+): ``index_scores`` on decode tiles of 2 to 8 dot rows (``S * H``),
 a page's 128 tokens as the tensor cores' M and the query rows as their N.
 
-Why: as the 16-row operand of ``mma.sync.m16n8k16`` (the Triton tile, ``index_tile_gluon``) a
-decode tile of 4 or 8 query rows wastes half or three quarters of every MMA and of the
+Why: as the 16-row operand of ``mma.sync.m16n8k16`` (the Triton tile and ``index_tile_gluon``)
+a decode tile of 4 or 8 query rows wastes three quarters or half of every MMA and of the
 accumulator its epilogue walks (group scales, masks, maxima); as the 8-column operand it wastes
-at most half of an accumulator half that size. The keys (the M side) are decoded by the threads
-that hold them: each thread loads exactly the code words whose nibbles its A-operand registers
-hold (:data:`WORDS`), decodes them in place (``mxfp4._FP16_PAIRS``: fp16 ``e2m1 * 2**-14``) and
-the query's columns are permuted to match (``index_tile_gluon.key_column``; the dot sums over
-the columns, so any order that pairs each query element with its key element is the same dot).
-A program scores up to ``BLOCKS`` consecutive blocks of one row tile, loads the query once for
-them, and keeps the next block's page in flight while it scores one.
+at most half of an accumulator half that size (3/4 at 2 rows). The keys (the M side) are
+decoded by the threads that hold them: each thread loads exactly the code words whose nibbles
+its A-operand registers hold (:data:`WORDS`), decodes them in place (``mxfp4._FP16_PAIRS``:
+fp16 ``e2m1 * 2**-14``) and the query's columns are permuted to match
+(``index_tile_gluon.key_column``; the dot sums over the columns, so any order that pairs each
+query element with its key element is the same dot). A program scores up to ``BLOCKS``
+consecutive blocks of one row tile, loads the query once for them, and keeps the next block's
+page in flight while it scores one.
 
 Scores are those of the group-dot tilings (SPEC §4, §5, §15.3, §15.18): per scale group two
 ``K = 16`` dots (low, then high nibbles), each group's sum rescaled by ``2**(s_g - smax)``;
