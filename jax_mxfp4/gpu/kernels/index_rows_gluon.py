@@ -29,7 +29,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.index_scores import _max_nan, _poison_infinite
+from jax_mxfp4.gpu.kernels.index_scores import (
+    _block_page,
+    _max_nan,
+    _poison_infinite,
+    _row_span,
+    tile_rows,
+)
 from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
 
 WARPS = 4
@@ -132,11 +138,8 @@ def _group_words(page_ptr, ok, g: gl.constexpr):
 def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     """Issue block ``j``'s page loads for request ``req`` (whose rows reach position
     ``reach``): the four groups' code words, the scale words, and whether the page is scored
-    (the block exists, a row reaches it, the page id lies in ``[0, P)``)."""
-    reached = (j < NB) & (j * 128 <= reach)
-    page = gl.load(table_ptr + req.to(gl.int64) * W + j, mask=reached, other=-1)
-    ok = reached & (page >= 0) & (page < P)
-    page_ptr = pool_ptr + gl.where(ok, page, 0).to(gl.int64) * mxfp4.PAGE_BYTES
+    (``index_scores._block_page``'s rule)."""
+    page_ptr, ok = _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P)
     tok = gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
     scale_words = page_ptr.to(gl.pointer_type(gl.uint32)) + mxfp4.SCALE_OFFSET // 4
     scales = gl.load(scale_words + tok, mask=ok, other=0)
@@ -179,14 +182,6 @@ def _page_maxima(page, qs, j, pos, sel, low):
 
 
 @gluon.jit
-def _span(sel, pos):
-    """The largest and the smallest position of the dot rows ``sel`` selects (-1 and the
-    largest where none is)."""
-    reach = gl.max(gl.where(sel, pos, -1), axis=0)
-    return reach, gl.min(gl.where(sel, pos, reach), axis=0)
-
-
-@gluon.jit
 def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B, W, P, NB,
                       score_scale, H: gl.constexpr, ROWS: gl.constexpr, BLOCKS: gl.constexpr,
                       ROUND_Q: gl.constexpr):
@@ -195,20 +190,16 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
     heads, ``ROWS * H <= 8`` dot rows) against blocks ``b * BLOCKS ..`` (those past ``NB``
     store nothing)."""
     rows_layout: gl.constexpr = gl.SliceLayout(0, ACC)
-    n = gl.arange(0, MAX_DOT_ROWS, layout=rows_layout)
-    row = gl.program_id(0) * ROWS + n // H
-    head = n % H
-    row_ok = (n < ROWS * H) & (row < T)
-    pos = gl.load(pos_ptr + row, mask=row_ok, other=-1)
-    req = gl.load(req_ptr + row, mask=row_ok, other=-1)
-    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    row, head, row_ok, pos, req, live = tile_rows(
+        gl.arange(0, MAX_DOT_ROWS, layout=rows_layout), gl.program_id(0) * ROWS, pos_ptr,
+        req_ptr, T, B, H, ROWS)
     qs = _query_operands(q_ptr, row.to(gl.int64) * H + head, row_ok, ROUND_Q)
     req_lo = gl.min(gl.where(live, req, B), axis=0)
     req_hi = gl.max(gl.where(live, req, -1), axis=0)
     out = out_ptr + head.to(gl.int64) * T * NB + row.to(gl.int64) * NB
     first = gl.program_id(1) * BLOCKS
     if req_lo == req_hi:  # rows are request-major: one request's pages, the next in flight
-        reach, low = _span(live, pos)
+        reach, low = _row_span(live, pos)
         page = _page_loads(pool_ptr, table_ptr, req_lo, reach, first, NB, W, P)
         for jj in range(BLOCKS):
             j = first + jj
@@ -223,7 +214,7 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
             best = gl.full((MAX_DOT_ROWS,), float("-inf"), gl.float32, layout=rows_layout)
             for req_r in range(req_lo, req_hi + 1):
                 sel = live & (req == req_r)
-                reach, low = _span(sel, pos)
+                reach, low = _row_span(sel, pos)
                 page = _page_loads(pool_ptr, table_ptr, req_r, reach, j, NB, W, P)
                 best = gl.maximum(best, _page_maxima(page, qs, j, pos, sel, low),
                                   propagate_nan=tl.PropagateNan.ALL)

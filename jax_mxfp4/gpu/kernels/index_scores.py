@@ -59,6 +59,21 @@ def _query_row(q_ptr, row, row_ok, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr
 
 
 @triton.jit
+def tile_rows(m, first_row, pos_ptr, req_ptr, T, B, H: tl.constexpr, ROWS: tl.constexpr):
+    """The dot rows ``m`` (int32, any layout: the Gluon tiles call it too) of the tile whose
+    first query row is ``first_row``: each one's query row and head, whether it exists, its
+    position and request, and whether it is live (a position >= 0, a request in ``[0, B)``;
+    SPEC §15.3). The one rule every index tile applies to its rows' metadata."""
+    row = first_row + m // H
+    head = m % H
+    row_ok = (m < ROWS * H) & (row < T)
+    pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
+    req = tl.load(req_ptr + row, mask=row_ok, other=-1)
+    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    return row, head, row_ok, pos, req, live
+
+
+@triton.jit
 def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     """Block ``j``'s page of request ``req``: its address and whether it is scored (the block
     exists, a row reaches it: ``reach`` is the rows' largest position, -1 where none is live;
@@ -263,13 +278,8 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     cores (``mxfp4.row_page_logits``). ``FOLD``: 16-bit dots on folded keys
     (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``)."""
     first_row = tl.program_id(0) * ROWS
-    m = tl.arange(0, M)
-    row = first_row + m // H
-    head = m % H
-    row_ok = (m < ROWS * H) & (row < T)
-    pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
-    req = tl.load(req_ptr + row, mask=row_ok, other=-1)
-    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    row, head, row_ok, pos, req, live = tile_rows(tl.arange(0, M), first_row, pos_ptr,
+                                                  req_ptr, T, B, H, ROWS)
     if FOLD:
         q = _query_columns(q_ptr, row, head, row_ok, 0, 128, H, ROUND_Q, DOT_DTYPE)
         q0, q1, q2, q3 = q, q, q, q  # unused
@@ -445,20 +455,27 @@ def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
     return max(blocks, triton.cdiv(num_blocks, 65535))
 
 
+def _launch(call, kernel, grid, scalars: dict, constants: dict, num_warps: int,
+            max_registers: int | None = None):
+    """The launch of one of the index kernels, which all take the same buffers (the call's
+    operands, then its result) and the scalars of :func:`lower`."""
+    return triton_call.launch(
+        kernel, call.target, grid=grid,
+        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
+        avals=(*call.avals_in, *call.avals_out), scalars=scalars, constants=constants,
+        num_warps=num_warps, max_registers=max_registers)
+
+
 def _rows_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, constants: dict):
     """``index_rows_gluon.index_rows_kernel`` on :func:`rows_tile_blocks` blocks per program,
     with the Triton kernel's scalars and the constants it shares."""
     from jax_mxfp4.gpu.kernels import index_rows_gluon
 
     blocks = rows_tile_blocks(layout.grid[0], num_blocks, call.target.units)
-    return triton_call.launch(
-        index_rows_gluon.index_rows_kernel, call.target,
-        grid=(layout.grid[0], triton.cdiv(num_blocks, blocks), 1),
-        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
-        avals=(*call.avals_in, *call.avals_out), scalars=scalars,
-        constants={"H": constants["H"], "ROWS": constants["ROWS"], "BLOCKS": blocks,
-                   "ROUND_Q": constants["ROUND_Q"]},
-        num_warps=index_rows_gluon.WARPS)
+    grid = (layout.grid[0], triton.cdiv(num_blocks, blocks), 1)
+    shared = {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}
+    return _launch(call, index_rows_gluon.index_rows_kernel, grid, scalars,
+                   {**shared, "BLOCKS": blocks}, index_rows_gluon.WARPS)
 
 
 def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
@@ -466,12 +483,8 @@ def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
     blocks)``), with the Triton kernel's scalars and the constants it shares."""
     from jax_mxfp4.gpu.kernels import index_tile_gluon
 
-    return triton_call.launch(
-        index_tile_gluon.index_tile_kernel, call.target, grid=grid,
-        buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
-        avals=(*call.avals_in, *call.avals_out), scalars=scalars,
-        constants={k: constants[k] for k in ("H", "ROWS", "ROUND_Q")},
-        num_warps=index_tile_gluon.WARPS)
+    return _launch(call, index_tile_gluon.index_tile_kernel, grid, scalars,
+                   {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}, index_tile_gluon.WARPS)
 
 
 def lower(ctx, call, q, pool, table, positions, requests):
@@ -497,10 +510,7 @@ def lower(ctx, call, q, pool, table, positions, requests):
     elif _rows_tile(call, layout, dot) and not empty:
         launch = _rows_tile_launch(call, layout, num_blocks, scalars, constants)
     else:
-        launch = triton_call.launch(
-            index_scores_kernel, call.target, grid=(0, 1, 1) if empty else layout.grid,
-            buffers=("q_ptr", "pool_ptr", "table_ptr", "pos_ptr", "req_ptr", "out_ptr"),
-            avals=(*call.avals_in, *call.avals_out), scalars=scalars, constants=constants,
-            num_warps=layout.num_warps, max_registers=layout.max_registers)
+        launch = _launch(call, index_scores_kernel, (0, 1, 1) if empty else layout.grid,
+                         scalars, constants, layout.num_warps, layout.max_registers)
     return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
                          call.avals_out)

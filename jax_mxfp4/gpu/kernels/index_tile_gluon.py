@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.index_scores import _max_nan, _poison_infinite
+from jax_mxfp4.gpu.kernels.index_scores import _max_nan, _poison_infinite, tile_rows
 
 WARPS = 4
 """Warps per program: each takes 32 of a page's 128 tokens (the tile's N)."""
@@ -142,13 +142,9 @@ def index_tile_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
     positions and requests ``s32[T]``. Program ``(i, j)``: rows ``i * ROWS ..`` (all ``H``
     heads, ``ROWS * H <= 16`` dot rows) against block ``j``."""
     rows_layout: gl.constexpr = gl.SliceLayout(1, ACC)
-    m = gl.arange(0, 16, layout=rows_layout)
-    row = gl.program_id(0) * ROWS + m // H
-    head = m % H
-    row_ok = (m < ROWS * H) & (row < T)
-    pos = gl.load(pos_ptr + row, mask=row_ok, other=-1)
-    req = gl.load(req_ptr + row, mask=row_ok, other=-1)
-    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    row, head, row_ok, pos, req, live = tile_rows(gl.arange(0, 16, layout=rows_layout),
+                                                  gl.program_id(0) * ROWS, pos_ptr, req_ptr,
+                                                  T, B, H, ROWS)
     qrow = row.to(gl.int64) * H + head
     qa0 = query_group(q_ptr, qrow, row_ok, 0, ROUND_Q)
     qa1 = query_group(q_ptr, qrow, row_ok, 1, ROUND_Q)
