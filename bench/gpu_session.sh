@@ -11,6 +11,8 @@ MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 JAX_MXFP4_CACHE_DIR=/tmp/jax_mxfp4_kernels
+# Kernels compiled ahead on the CPU machine (bench/kernel_cache.py), when carried here.
+[ -d bench/kernel_cache ] && export JAX_MXFP4_CACHE_DIR=$PWD/bench/kernel_cache
 PY=python3
 {
   nvidia-smi -L; $PY -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())"

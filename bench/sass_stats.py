@@ -9,11 +9,14 @@ instructions is not always faster (bench/RESULTS.md has a counter-example): use 
 what to time on the device, not instead of timing.
 
     python bench/sass_stats.py [CASE ...]      # default: every case
+    python bench/sass_stats.py --tree REV [CASE ...]   # a prepared tree's kernels instead
+                                                       # (bench/ab_trees.py prepare REV)
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import subprocess
 import sys
@@ -104,7 +107,22 @@ def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Coun
     return resources, ops
 
 
+def ab_trees_lowering(modules):
+    """``ab_trees.lowering_from(modules)``, or nothing to swap for this tree's kernels."""
+    if modules is None:
+        return contextlib.nullcontext()
+    import ab_trees
+
+    return ab_trees.lowering_from(modules)
+
+
 def main(argv: list[str]) -> int:
+    modules = None
+    if argv[:1] == ["--tree"]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import ab_trees
+
+        modules, argv = ab_trees.tree_modules(argv[1]), argv[2:]
     names = argv or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -116,7 +134,9 @@ def main(argv: list[str]) -> int:
     print("-" * len(header))
     for name in names:
         print(f"sass_stats: compiling {name}", file=sys.stderr)
-        for kernel in kernels_of(*CASES[name]):
+        with ab_trees_lowering(modules):
+            kernels = kernels_of(*CASES[name])
+        for kernel in kernels:
             res, ops = profile(kernel)
             top = ", ".join(f"{op} {n}" for op, n in ops.most_common(6))
             print(f"{name:32} {kernel.symbol[:22]:22} {kernel.num_warps:>5} "

@@ -1,0 +1,37 @@
+"""bench/kernel_cache.py, the kernels compiled ahead for a device call, checked without a GPU:
+a bench cell filled into a cache is lowered again from that cache alone (Triton's compile
+made to fail). Mutation: ``fill`` not pointing the compiler at ``cache`` leaves it empty and
+fails the first assertion."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_filled_cache_lowers_the_cell_without_compiling(tmp_path, monkeypatch):
+    from jax_mxfp4.gpu import compiler
+
+    kernel_cache = _bench_module("kernel_cache")
+    monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert kernel_cache.fill(["this"], ["32 tokens"], cache=tmp_path / "cache") == 1
+    assert list((tmp_path / "cache").glob("*.bin"))
+
+    def no_compile(spec, target):
+        raise AssertionError(f"{spec.fn.__name__} compiled instead of loaded from the cache")
+
+    compiler.compile_kernel.cache_clear()
+    monkeypatch.setattr(compiler, "_compile_here_or_isolated", no_compile)
+    assert kernel_cache.fill(["this"], ["32 tokens"], cache=tmp_path / "cache") == 1
