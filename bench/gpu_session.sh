@@ -2,7 +2,8 @@
 # One device session: install the package (editable, with its FFI extensions), then (mode
 # "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
 # and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
-# step against dense attention, or the profile / diagnose modes ("gluon": the opt-in Gluon
+# step against dense attention, (mode "floor") the latency floor of short attention calls
+# (bench/latency_floor.py), or the profile / diagnose modes ("gluon": the opt-in Gluon
 # kernels tested and timed against the Triton ones; "fp8": the opt-in e4m3 QK dots; "ab":
 # other trees' kernels against this tree's, bench/ab_trees.py). Logs go to $OUT (the device
 # tool's output folder) or ./gpu_logs.
@@ -79,6 +80,10 @@ elif [ "$MODE" = ab ]; then
   timeout ${BENCH_TIMEOUT:-540} $PY bench/ab_trees.py run --trees "$TREES" --cells "$CELLS" \
     --rounds ${ROUNDS:-2} > "$OUT/ab.txt" 2> "$OUT/ab_err.txt"
   echo "ab rc=$?"; cat "$OUT/ab.txt"; tail -5 "$OUT/ab_err.txt"
+elif [ "$MODE" = floor ]; then
+  # The shortest a 1-32 row attention call could be: its dependent loads and launches alone.
+  timeout 200 $PY bench/latency_floor.py --rows ${ROWS:-1,8,32} > "$OUT/floor.txt" 2>&1
+  echo "floor rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$OUT/floor.txt" | tail -12
 elif [ "$MODE" = step ]; then
   timeout ${BENCH_TIMEOUT:-540} $PY -m jax_mxfp4 bench --device gpu --step --repeats ${REPEATS:-5} \
     > "$OUT/step.txt" 2> "$OUT/step_err.txt"

@@ -175,6 +175,24 @@ def assembly_of(code: bytes) -> str | None:
     return _ASSEMBLY.get(hashlib.sha256(code).hexdigest())
 
 
+def _record_assembly(launch: Launch) -> None:
+    """Keep a ROCm launch's assembly for the CDNA emulator (:func:`assembly_of`)."""
+    if launch.kernel.isa:
+        _ASSEMBLY.setdefault(hashlib.sha256(launch.kernel.code).hexdigest(), launch.kernel.isa)
+
+
+def call(launch: Launch, operands: Sequence, result_avals: Sequence) -> list:
+    """``launch`` as one launcher custom call on ``operands`` outside any lowering rule
+    (``jax.ffi.ffi_call``, under ``jax.jit`` or eagerly): how a probe kernel that belongs to no
+    operation runs (``bench/latency_floor.py``). Returns the results, shaped as
+    ``result_avals``."""
+    register_gpu_targets()
+    _record_assembly(launch)
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in result_avals]
+    custom_call = jax.ffi.ffi_call(TARGET, shapes)
+    return list(custom_call(*operands, **launch.attributes(), aliases=np.zeros(0, np.int64)))
+
+
 def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
          result_avals: Sequence, aliases: dict[int, int] | None = None) -> list:
     """Emit one launcher custom call inside a lowering rule; returns its result values.
@@ -183,8 +201,7 @@ def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
     avals: a multi-kernel lowering passes its intermediates here).
     """
     register_gpu_targets()
-    if launch.kernel.isa:
-        _ASSEMBLY.setdefault(hashlib.sha256(launch.kernel.code).hexdigest(), launch.kernel.isa)
+    _record_assembly(launch)
     sub = ctx.replace(avals_in=list(operand_avals), avals_out=list(result_avals))
     rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)
     pairs = [i for pair in sorted((aliases or {}).items()) for i in pair]
@@ -200,6 +217,7 @@ __all__ = [
     "assembly_of",
     "buffer",
     "cache_stats",
+    "call",
     "emit",
     "f32",
     "i32",
