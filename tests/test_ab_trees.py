@@ -7,21 +7,14 @@ assertion on the compiled kernel's module."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import shutil
 from pathlib import Path
 
+import bench_scripts
 import pytest
 
 pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
@@ -29,7 +22,7 @@ def _bench_module(name: str):
 def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
     from jax_mxfp4.gpu import compiler
 
-    ab_trees, sass_stats = _bench_module("ab_trees"), _bench_module("sass_stats")
+    ab_trees, sass_stats = bench_scripts.load("ab_trees"), bench_scripts.load("sass_stats")
     (folder,) = ab_trees.prepare(["HEAD"], out=tmp_path)
     assert "jax_mxfp4.gpu.kernels" not in (folder / "index_scores.py").read_text()
     modules = ab_trees.tree_modules("HEAD", trees=tmp_path)

@@ -134,14 +134,9 @@ def test_last_writer_slots_keep_only_each_slots_last_row():
 
 def _sass_stats():
     """bench/sass_stats.py (its lowering targets sm_90)."""
-    import importlib.util
-    from pathlib import Path
+    import bench_scripts
 
-    path = Path(__file__).parents[1] / "bench" / "sass_stats.py"
-    spec = importlib.util.spec_from_file_location("sass_stats", path)
-    sass_stats = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sass_stats)
-    return sass_stats
+    return bench_scripts.load("sass_stats")
 
 
 def test_one_row_index_tiles_skip_the_tensor_cores():

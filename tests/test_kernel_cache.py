@@ -5,26 +5,16 @@ fails the first assertion."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import bench_scripts
 import pytest
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_filled_cache_lowers_the_cell_without_compiling(tmp_path, monkeypatch):
     from jax_mxfp4.gpu import compiler
 
-    kernel_cache = _bench_module("kernel_cache")
+    kernel_cache = bench_scripts.load("kernel_cache")
     monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert kernel_cache.fill(["this"], ["32 tokens"], cache=tmp_path / "cache") == 1
     assert list((tmp_path / "cache").glob("*.bin"))

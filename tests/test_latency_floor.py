@@ -7,23 +7,16 @@ probe loading its page unmasked past the context fails the second test."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import bench_scripts
 import numpy as np
 import pytest
 
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def probes():
-    spec = importlib.util.spec_from_file_location("latency_floor",
-                                                  ROOT / "bench" / "latency_floor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("latency_floor")
 
 
 def test_probe_launches_compile_for_sm90(probes):
