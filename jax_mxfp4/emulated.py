@@ -45,7 +45,7 @@ def _target(arch: str, units: int):
             raise NotImplementedError(
                 f"the emulated backends lower CPU computations, not {platform} ones")
         install()
-        return emulated(arch, units)
+        return emulated(arch, config.gpu_units or units)
 
     return target
 

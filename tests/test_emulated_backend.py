@@ -126,3 +126,16 @@ def test_kernarg_bytes_place_explicit_and_hidden_arguments():
     assert not words[28:].any()
     with pytest.raises(ValueError, match="parameters"):
         emulated.kernarg_bytes(args, 40, (1, 1, 1), (64, 1, 1), params[:2])
+
+
+def test_the_emulated_target_takes_the_units_the_lowering_is_told():
+    """``lowering_options(gpu_units=...)`` sizes the emulated backends' launch plans as it does
+    a GPU's (a test can then reach the plans a large device takes with a few rows); without it
+    the emulated device keeps its own count."""
+    from jax_mxfp4.backend import LoweringConfig
+    from jax_mxfp4.targets import CPU
+
+    for name, (arch, units) in emulated.EMULATED.items():
+        target = emulated._target(arch, units)
+        assert target(CPU, None, LoweringConfig(gpu_units=8)).units == 8, name
+        assert target(CPU, None, LoweringConfig()).units == units, name
