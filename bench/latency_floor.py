@@ -25,8 +25,12 @@ import numpy as np
 import triton
 import triton.language as tl
 
-PAGES = 16
-WORDS = 8704 // 4  # uint32 words of a page: 2048 of codes, 128 of scales
+from jax_mxfp4 import formats
+
+PAGES = 16  # a row's selected pages (MiniMax-M3.1's top-16 blocks)
+WORDS = tl.constexpr(formats.PAGE_BYTES // 4)  # uint32 words of a page
+CODE_WORDS = tl.constexpr(formats.PAGE_SCALE_OFFSET // 4)  # its code words; the scales follow
+SCALE_WORDS = tl.constexpr(WORDS - CODE_WORDS)
 
 
 @triton.jit
@@ -36,16 +40,16 @@ def empty_kernel(out_ptr):
 
 @triton.jit
 def chain_kernel(ctx_ptr, table_ptr, pool_ptr, out_ptr, NPAGES):
-    """Program ``(r, p)``: row ``r``'s context and page id, then page ``p``'s 2176 words
-    (masked past the context), folded into one stored word so no load is dead."""
+    """Program ``(r, p)``: row ``r``'s context and page id, then page ``p``'s words (masked
+    past the context), folded into one stored word so no load is dead."""
     r = tl.program_id(0)
     p = tl.program_id(1)
     ctx = tl.load(ctx_ptr + r)
     page = tl.load(table_ptr + r * NPAGES + p)
     ok = p * 128 < ctx
-    base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * 2176
-    codes = tl.load(base + tl.arange(0, 2048), mask=ok, other=0)
-    scales = tl.load(base + 2048 + tl.arange(0, 128), mask=ok, other=0)
+    base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * WORDS
+    codes = tl.load(base + tl.arange(0, CODE_WORDS), mask=ok, other=0)
+    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS), mask=ok, other=0)
     folded = tl.reduce(codes, 0, _xor) ^ tl.reduce(scales, 0, _xor)
     tl.store(out_ptr + r * NPAGES + p, folded.to(tl.int32, bitcast=True))
 
@@ -72,8 +76,9 @@ def target(units: int = 132):
 
 def launches(rows: int, num_pages: int, tgt=None) -> dict:
     """The three probes' launches at ``rows`` rows over a pool of ``num_pages`` pages:
-    ``{"empty": [launch], "chain": [launch], "chain+merge": [launch, launch]}`` with each
-    launch's ``(operand avals, result avals)`` beside it."""
+    ``{"empty": [...], "chain": [...], "chain+merge": [..., ...]}``, each step a ``(launch,
+    result avals)`` pair that takes the previous step's results (the first: the probe's
+    inputs)."""
     import jax.numpy as jnp
     from jax.core import ShapedArray
 
@@ -82,7 +87,7 @@ def launches(rows: int, num_pages: int, tgt=None) -> dict:
     tgt = tgt or target()
     i32 = jnp.int32
     ctx, table = ShapedArray((rows,), i32), ShapedArray((rows * PAGES,), i32)
-    pool = ShapedArray((num_pages, 8704), jnp.uint8)
+    pool = ShapedArray((num_pages, formats.PAGE_BYTES), jnp.uint8)
     words, merged, one = (ShapedArray((rows * PAGES,), i32), ShapedArray((rows * 4,), i32),
                           ShapedArray((1,), i32))
     empty = triton_call.launch(empty_kernel, tgt, grid=(1, 1, 1), buffers=("out_ptr",),
@@ -94,15 +99,19 @@ def launches(rows: int, num_pages: int, tgt=None) -> dict:
     merge = triton_call.launch(merge_kernel, tgt, grid=(rows, 4, 1),
                                buffers=("part_ptr", "out_ptr"), avals=(words, merged),
                                scalars={}, constants={"NPAGES": PAGES})
-    return {"empty": [(empty, (), (one,))], "chain": [(chain, (ctx, table, pool), (words,))],
-            "chain+merge": [(chain, (ctx, table, pool), (words,)), (merge, (words,), (merged,))]}
+    return {"empty": [(empty, (one,))], "chain": [(chain, (words,))],
+            "chain+merge": [(chain, (words,)), (merge, (merged,))]}
 
 
-def _call(launch, operands, results):
-    """``launch`` as a custom call of the launcher on ``operands``."""
+def run_steps(steps, inputs) -> list:
+    """The results of one probe's launches on ``inputs``, each launch as a custom call of the
+    launcher (``launch.call``) on the previous one's results."""
     from jax_mxfp4.gpu import launch as launcher
 
-    return launcher.call(launch, operands, results)
+    values = inputs
+    for launch, result_avals in steps:
+        values = launcher.call(launch, values, result_avals)
+    return values
 
 
 def measure(rows_list=(1, 8, 32), calls: int = 10) -> list[tuple[str, float]]:
@@ -116,24 +125,17 @@ def measure(rows_list=(1, 8, 32), calls: int = 10) -> list[tuple[str, float]]:
     out = []
     for rows in rows_list:
         num_pages = max(rows * PAGES, 1024)
-        pool = jnp.asarray(rng.integers(0, 256, (num_pages, 8704)), jnp.uint8)
+        pool = jnp.asarray(rng.integers(0, 256, (num_pages, formats.PAGE_BYTES)), jnp.uint8)
         table = jnp.asarray(rng.integers(0, num_pages, rows * PAGES), jnp.int32)
         ctx = jnp.full((rows,), PAGES * 128, jnp.int32)
-        inputs = {"empty": (), "chain": (ctx, table, pool)}
         for name, steps in launches(rows, num_pages).items():
             if name == "empty" and rows != rows_list[0]:
                 continue
 
             def many(*args, steps=steps):
-                results = []
-                for _ in range(calls):
-                    values = args
-                    for launch, _, result_avals in steps:
-                        values = _call(launch, values, result_avals)
-                    results.append(values)
-                return results
+                return [run_steps(steps, args) for _ in range(calls)]
 
-            args = inputs["empty" if name == "empty" else "chain"]
+            args = () if name == "empty" else (ctx, table, pool)
             timing = bench_gpu._timing(jax.jit(many), args, repeats=10, calls=calls)
             label = name if name == "empty" else f"{name} {rows}"
             out.append((label, timing.device * 1e6))

@@ -16,7 +16,6 @@ what to time on the device, not instead of timing.
 from __future__ import annotations
 
 import collections
-import contextlib
 import re
 import subprocess
 import sys
@@ -107,21 +106,12 @@ def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Coun
     return resources, ops
 
 
-def ab_trees_lowering(modules):
-    """``ab_trees.lowering_from(modules)``, or nothing to swap for this tree's kernels."""
-    if modules is None:
-        return contextlib.nullcontext()
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ab_trees
 
-    return ab_trees.lowering_from(modules)
-
-
-def main(argv: list[str]) -> int:
-    modules = None
+    modules = None  # ab_trees.lowering_from(None) leaves this tree's kernels in place
     if argv[:1] == ["--tree"]:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import ab_trees
-
         modules, argv = ab_trees.tree_modules(argv[1]), argv[2:]
     names = argv or list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -134,7 +124,7 @@ def main(argv: list[str]) -> int:
     print("-" * len(header))
     for name in names:
         print(f"sass_stats: compiling {name}", file=sys.stderr)
-        with ab_trees_lowering(modules):
+        with ab_trees.lowering_from(modules):
             kernels = kernels_of(*CASES[name])
         for kernel in kernels:
             res, ops = profile(kernel)

@@ -22,9 +22,9 @@ def probes():
 def test_probe_launches_compile_for_sm90(probes):
     steps = probes.launches(rows=8, num_pages=1024)
     assert [len(steps[k]) for k in ("empty", "chain", "chain+merge")] == [1, 1, 2]
-    chain, merge = (launch for launch, _, _ in steps["chain+merge"])
+    chain, merge = (launch for launch, _ in steps["chain+merge"])
     assert chain.grid == (8, probes.PAGES, 1) and merge.grid == (8, 4, 1)
-    for launch, _, _ in (*steps["empty"], *steps["chain+merge"]):
+    for launch, _ in (*steps["empty"], *steps["chain+merge"]):
         attrs = launch.attributes()
         assert attrs["symbol"] and attrs["code_size"] > 0
 
@@ -42,10 +42,8 @@ def test_chain_and_merge_fold_the_live_pages(probes, rng):
     table = rng.integers(0, num_pages, rows * probes.PAGES).astype(np.int32)
     ctx = np.array([probes.PAGES * 128 - 200, 300], np.int32)
 
-    def run(*values):
-        for launch, _, results in steps:
-            values = probes._call(launch, values, results)
-        return values[0]
+    def run(*inputs):
+        return probes.run_steps(steps, inputs)[0]
 
     got = np.asarray(jax.jit(run)(jnp.asarray(ctx), jnp.asarray(table), jnp.asarray(pool)))
     words = pool.view(np.uint32).reshape(num_pages, -1)
