@@ -288,17 +288,34 @@ def key_exponent(q_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
+def token_scales(scales):
+    """Each token's four group scale bytes and their largest, int32 ``[N]`` each, from its
+    scale word (:func:`scale_words`)."""
+    s0, s1 = scale_byte(scales, 0), scale_byte(scales, 1)
+    s2, s3 = scale_byte(scales, 2), scale_byte(scales, 3)
+    return s0, s1, s2, s3, tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
+
+
+@triton.jit
+def scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
+                USE_FP8: tl.constexpr, PTX: tl.constexpr):
+    """The four group dots of a page, each scaled by ``2**(byte - ref)`` (:func:`group_dot`;
+    ``ref`` each token's largest byte, or one byte for the page), summed: ``f32 [M, 128]`` in
+    the units of :func:`key_exponent` of ``ref``; NaN for the tokens ``nan_keys`` marks."""
+    dots = group_dot(q0, b0, s0, ref, USE_FP8, PTX)
+    dots += group_dot(q1, b1, s1, ref, USE_FP8, PTX)
+    dots += group_dot(q2, b2, s2, ref, USE_FP8, PTX)
+    dots += group_dot(q3, b3, s3, ref, USE_FP8, PTX)
+    return tl.where(nan_keys[None, :], float("nan"), dots)
+
+
+@triton.jit
 def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8: tl.constexpr,
                PTX: tl.constexpr):
     """:func:`page_logits` of a page loaded by :func:`load_keys`."""
-    s0, s1 = scale_byte(scales, 0), scale_byte(scales, 1)
-    s2, s3 = scale_byte(scales, 2), scale_byte(scales, 3)
-    smax = tl.maximum(tl.maximum(s0, s1), tl.maximum(s2, s3))
-    dots = group_dot(q0, b0, s0, smax, USE_FP8, PTX)
-    dots += group_dot(q1, b1, s1, smax, USE_FP8, PTX)
-    dots += group_dot(q2, b2, s2, smax, USE_FP8, PTX)
-    dots += group_dot(q3, b3, s3, smax, USE_FP8, PTX)
-    dots = tl.where((smax == NAN_BYTE)[None, :], float("nan"), dots)
+    s0, s1, s2, s3, smax = token_scales(scales)
+    dots = scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, smax,
+                       smax == NAN_BYTE, USE_FP8, PTX)
     return dots, key_exponent(q0, smax, USE_FP8, PTX)
 
 
@@ -423,6 +440,18 @@ def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
                         (128, 64))
     lo, hi = scaled_nibbles_bf16(codes, factor)
     return lo.to(DTYPE), hi.to(DTYPE)  # DTYPE is bf16 here: one return type for both branches
+
+
+@triton.jit
+def quotient_rn(x, d, inv):
+    """``fp32(x / d)`` correctly rounded, for fp32 ``x`` and a positive normal ``d`` whose
+    correctly rounded reciprocal is ``inv`` (``div_rn(1, d)``, once per divisor): the product
+    ``q = x * inv`` is within an ulp, its residual ``x - q * d`` is exact in one fma, and one
+    more fma lands on the correctly rounded quotient (Markstein's correction). Three operations
+    per element instead of a full division; exact quotients (an e4m3 tie) come out exact.
+    Not for the interpreter's arithmetic, which does not fuse ``tl.fma``."""
+    q = x * inv
+    return tl.fma(tl.fma(-q, d, x), inv, q)
 
 
 @triton.jit

@@ -76,10 +76,11 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
     amax = amax_bits.to(tl.float32, bitcast=True)
     q_scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), FLT_MIN)
     s = q_scale[:, None]
-    q0 = mxfp4.round_e4m3(tl.math.div_rn(x0.to(tl.float32), s)).to(dot_dtype)
-    q1 = mxfp4.round_e4m3(tl.math.div_rn(x1.to(tl.float32), s)).to(dot_dtype)
-    q2 = mxfp4.round_e4m3(tl.math.div_rn(x2.to(tl.float32), s)).to(dot_dtype)
-    q3 = mxfp4.round_e4m3(tl.math.div_rn(x3.to(tl.float32), s)).to(dot_dtype)
+    inv = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), q_scale)[:, None]
+    q0 = mxfp4.round_e4m3(mxfp4.quotient_rn(x0.to(tl.float32), s, inv)).to(dot_dtype)
+    q1 = mxfp4.round_e4m3(mxfp4.quotient_rn(x1.to(tl.float32), s, inv)).to(dot_dtype)
+    q2 = mxfp4.round_e4m3(mxfp4.quotient_rn(x2.to(tl.float32), s, inv)).to(dot_dtype)
+    q3 = mxfp4.round_e4m3(mxfp4.quotient_rn(x3.to(tl.float32), s, inv)).to(dot_dtype)
     sbits = q_scale.to(tl.int32, bitcast=True)
     expo = ((sbits >> 23) & 0xFF) - 127
     mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -149,6 +150,40 @@ def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
 
 
 @triton.jit
+def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, USE_FP8: tl.constexpr,
+               PTX: tl.constexpr):
+    """A page's relative logits ``dots f32 [GP, 128]`` and one exponent for the whole page:
+    ``q . k = dots * 2**exponent`` (int32 scalar) for every live token.
+
+    Each scale group's dot is scaled by ``2**(byte - ref)``, ``ref`` the largest scale byte
+    of the page's live tokens (NaN-key tokens, byte 255, set none), so the logit scaling
+    below is one factor per q head instead of one exponent per logit. A token whose every
+    group lies more than 126 binades below ``ref`` gets dots of 0 (its logit is below
+    ``2**-126`` of the page's largest token's, far inside SPEC §10's attention tolerance);
+    every other token's logit is the same number as with its own exponent (a power of two
+    applied to every term of the same sums). NaN for a token with a byte-255 group (SPEC
+    §1.3, §15.18); tokens that are not live may get any value (they are masked)."""
+    s0, s1, s2, s3, smax = mxfp4.token_scales(scales)
+    nan_keys = smax == mxfp4.NAN_BYTE
+    ref = tl.max(tl.where(live & ~nan_keys, smax, 0), axis=0)
+    dots = mxfp4.scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
+                             USE_FP8, PTX)
+    return dots, mxfp4.key_exponent(q0, ref, USE_FP8, PTX)
+
+
+@triton.jit
+def _scaled_logits(dots, expo, q_mant, sm_scale):
+    """``dots * 2**expo * q_mant * sm_scale`` per q head (``expo`` int32 [GP]: the page's
+    exponent plus the head's query exponent) in three multiplies per logit: the power of two
+    as two factors that are each a normal fp32 (exact wherever the logit is a normal fp32),
+    then the head's ``q_mant * sm_scale``."""
+    e1 = tl.minimum(tl.maximum(expo, -126), 127)
+    first = mxfp4.pow2(e1)[:, None]
+    second = mxfp4.pow2(tl.minimum(tl.maximum(expo - e1, -126), 127))[:, None]
+    return dots * first * second * (q_mant * sm_scale)[:, None]
+
+
+@triton.jit
 def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_words, v_scales,
                  first_tok, ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok,
                  USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
@@ -157,9 +192,9 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_word
     live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
     head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
     takes anyway (SPEC §15.18)."""
-    dots, k_exp = mxfp4.key_logits(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, USE_FP8, PTX)
-    logits = mxfp4.mul_pow2(dots, k_exp[None, :] + q_exp[:, None]) * q_mant[:, None] * sm_scale
     live = (first_tok + tl.arange(0, 128)) < ctx
+    dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, USE_FP8, PTX)
+    logits = _scaled_logits(dots, k_exp + q_exp, q_mant, sm_scale)
     seen = live[None, :] & g_ok[:, None]
     logits = tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
     logits = tl.where(seen, logits, float("-inf"))
