@@ -118,17 +118,22 @@ def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_pt
     rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (token, head) rows
     t = rr // H
     h = rr % H
-    ok = t < T
-    slot = tl.load(slots_ptr + t, mask=ok, other=-1)
-    ok = ok & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
+    in_call = t < T
+    # The rows' values are loaded with their slots, not after the slot checks: a row of the
+    # call is always inside x, and only the stores below wait for the checks (one dependent
+    # round trip fewer before the arithmetic).
+    i = tl.arange(0, 64)
+    src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
+    lo = tl.load(src, mask=in_call[:, None], other=0.0).to(tl.int16, bitcast=True)
+    hi = tl.load(src + 1, mask=in_call[:, None], other=0.0).to(tl.int16, bitcast=True)
+    slot = tl.load(slots_ptr + t, mask=in_call, other=-1)
+    ok = in_call & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
     if TABLE_BITS == 0:
         ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN_ROWS)
     else:
         ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
-    i = tl.arange(0, 64)
-    src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
-    lo = tl.load(src, mask=ok[:, None], other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
-    hi = tl.load(src + 1, mask=ok[:, None], other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
+    lo = lo.to(tl.int32)
+    hi = hi.to(tl.int32)
     lo = lo << 16
     hi = hi << 16
     amax = tl.maximum(tl.reshape(lo & 0x7FFFFFFF, (ROWS, 4, 16)),
