@@ -15,10 +15,27 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import numpy as np
 import oracle
+import triton
+import triton.language as tl
 from host_array import HostArray
 
 from jax_mxfp4.formats import ROUND_MODE_CODES
 from jax_mxfp4.gpu.kernels import write_cache as kernels
+
+
+@triton.jit
+def _winner_probe(slots_ptr, keys_ptr, winners_ptr, out_ptr, T, P, TABLE_BITS: tl.constexpr,
+                  ROWS: tl.constexpr):
+    """Stores, per row of ``slots``, whether the write kernel's rule lets it write: the
+    short writes' scan (``TABLE_BITS == 0``) or the slot table's winner."""
+    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    slot = tl.load(slots_ptr + t, mask=t < T, other=-1)
+    ok = (t < T) & (slot >= 0) & (slot < P * 128)
+    if TABLE_BITS == 0:
+        ok = ok & kernels._is_last(slots_ptr, t, tl.where(ok, slot, -1), T, kernels.SCAN_ROWS)
+    else:
+        ok = ok & (kernels._winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
+    tl.store(out_ptr + t, ok.to(tl.int32), mask=t < T)
 
 
 def _run(pool, x_bf16, slots, round_mode, table: bool):
@@ -57,5 +74,32 @@ def check_repeated_slots(rng) -> None:
     print("ok write_cache_repeated_slots")
 
 
+def check_winner_rule(rng) -> None:
+    """Which rows may write, against numpy's last occurrence of each in-range slot. The full
+    kernel check above cannot see this rule: the interpreter runs programs, and a program's
+    rows, in order, so a later duplicate overwrites an earlier one even without the rule."""
+    pages, tokens, rows = 3, 70, 16
+    slots = rng.integers(-3, pages * 128 + 3, tokens).astype(np.int32)
+    slots[10:40] = slots[0] if 0 <= slots[0] < pages * 128 else 5
+    slots[50] = slots[60] = 7
+    want = np.zeros(tokens, np.int32)
+    for t, slot in enumerate(slots):
+        want[t] = 0 <= slot < pages * 128 and slot not in slots[t + 1:]
+    for table in (True, False):
+        bits = kernels.table_bits(tokens) if table else 0
+        keys = HostArray(np.full((1 << bits) + 1, -1, np.int32))
+        winners = HostArray(np.full(1 << bits, -1, np.int32))
+        slots_h = HostArray(slots)
+        if table:
+            kernels.claim_kernel[(-(-tokens // kernels.CLAIM_ROWS),)](
+                slots_h, keys, winners, tokens, pages, TABLE_BITS=bits, ROWS=kernels.CLAIM_ROWS)
+        got = HostArray(np.full(tokens, -1, np.int32))
+        _winner_probe[(-(-tokens // rows),)](slots_h, keys, winners, got, tokens, pages,
+                                             TABLE_BITS=bits, ROWS=rows)
+        np.testing.assert_array_equal(got.array, want, err_msg=f"table={table}")
+    print("ok write_cache_winner_rule")
+
+
 if __name__ == "__main__":
     check_repeated_slots(np.random.default_rng(3))
+    check_winner_rule(np.random.default_rng(4))
