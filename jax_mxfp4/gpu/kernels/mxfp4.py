@@ -50,11 +50,19 @@ def pow2(e):
 
 
 @triton.jit
+def pow2_factors(e):
+    """``2**e`` for int32 ``e`` as two normal fp32 factors (``e`` clamped to [-126, 127],
+    then the rest): multiplying by both is exact whenever the result is a normal fp32. Take
+    them once where many values share an exponent."""
+    e1 = tl.minimum(tl.maximum(e, -126), 127)
+    return pow2(e1), pow2(tl.minimum(tl.maximum(e - e1, -126), 127))
+
+
+@triton.jit
 def mul_pow2(x, e):
     """``x * 2**e`` in two normal steps (exact whenever the result is a normal fp32)."""
-    e1 = tl.minimum(tl.maximum(e, -126), 127)
-    e2 = tl.minimum(tl.maximum(e - e1, -126), 127)
-    return x * pow2(e1) * pow2(e2)
+    first, second = pow2_factors(e)
+    return x * first * second
 
 
 @triton.jit

@@ -175,12 +175,10 @@ def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, USE_FP8: tl.constex
 def _scaled_logits(dots, expo, q_mant, sm_scale):
     """``dots * 2**expo * q_mant * sm_scale`` per q head (``expo`` int32 [GP]: the page's
     exponent plus the head's query exponent) in three multiplies per logit: the power of two
-    as two factors that are each a normal fp32 (exact wherever the logit is a normal fp32),
+    as the head's two :func:`mxfp4.pow2_factors` (exact wherever the logit is a normal fp32),
     then the head's ``q_mant * sm_scale``."""
-    e1 = tl.minimum(tl.maximum(expo, -126), 127)
-    first = mxfp4.pow2(e1)[:, None]
-    second = mxfp4.pow2(tl.minimum(tl.maximum(expo - e1, -126), 127))[:, None]
-    return dots * first * second * (q_mant * sm_scale)[:, None]
+    first, second = mxfp4.pow2_factors(expo)
+    return dots * first[:, None] * second[:, None] * (q_mant * sm_scale)[:, None]
 
 
 @triton.jit
