@@ -26,15 +26,10 @@ from jax_mxfp4.gpu.kernels import write_cache as kernels
 @triton.jit
 def _winner_probe(slots_ptr, keys_ptr, winners_ptr, out_ptr, T, P, TABLE_BITS: tl.constexpr,
                   ROWS: tl.constexpr):
-    """Stores, per row of ``slots``, whether the write kernel's rule lets it write: the
-    short writes' scan (``TABLE_BITS == 0``) or the slot table's winner."""
+    """Stores, per row of ``slots``, whether the write kernel's rule
+    (``kernels.writable_slots``) lets it write."""
     t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    slot = tl.load(slots_ptr + t, mask=t < T, other=-1)
-    ok = (t < T) & (slot >= 0) & (slot < P * 128)
-    if TABLE_BITS == 0:
-        ok = ok & kernels._is_last(slots_ptr, t, tl.where(ok, slot, -1), T, kernels.SCAN_ROWS)
-    else:
-        ok = ok & (kernels._winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
+    _, ok = kernels.writable_slots(slots_ptr, keys_ptr, winners_ptr, t, T, P, TABLE_BITS)
     tl.store(out_ptr + t, ok.to(tl.int32), mask=t < T)
 
 

@@ -110,6 +110,21 @@ def _is_last(slots_ptr, t, slot, T, SCAN: tl.constexpr):
 
 
 @triton.jit
+def writable_slots(slots_ptr, keys_ptr, winners_ptr, t, T, P, TABLE_BITS: tl.constexpr):
+    """The slot of each row ``t`` (int32, -1 past ``T``) and whether the row may write it:
+    a row of the call, its slot in ``[0, P*128)``, and no later row naming the same slot
+    (the short writes' scan, ``TABLE_BITS == 0``, or ``claim_kernel``'s winner)."""
+    in_call = t < T
+    slot = tl.load(slots_ptr + t, mask=in_call, other=-1)
+    ok = in_call & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
+    if TABLE_BITS == 0:
+        ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN_ROWS)
+    else:
+        ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
+    return slot, ok
+
+
+@triton.jit
 def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_ptr, T, H, P,
                        ROUND: tl.constexpr, ROWS: tl.constexpr, TABLE_BITS: tl.constexpr):
     """pool/out ``u8[P, H, 8704]`` (aliased), x ``bf16[T, H, 128]``, slots ``s32[T]``, and
@@ -118,24 +133,16 @@ def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_pt
     rr = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # (token, head) rows
     t = rr // H
     h = rr % H
-    in_call = t < T
     # The rows' values are loaded with their slots, not after the slot checks: a row of the
     # call is always inside x, and only the stores below wait for the checks (one dependent
     # round trip fewer before the arithmetic).
     i = tl.arange(0, 64)
     src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
-    lo = tl.load(src, mask=in_call[:, None], other=0.0).to(tl.int16, bitcast=True)
-    hi = tl.load(src + 1, mask=in_call[:, None], other=0.0).to(tl.int16, bitcast=True)
-    slot = tl.load(slots_ptr + t, mask=in_call, other=-1)
-    ok = in_call & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
-    if TABLE_BITS == 0:
-        ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN_ROWS)
-    else:
-        ok = ok & (_winner(keys_ptr, winners_ptr, slot, ok, TABLE_BITS) == t)
-    lo = lo.to(tl.int32)
-    hi = hi.to(tl.int32)
-    lo = lo << 16
-    hi = hi << 16
+    lo = tl.load(src, mask=(t < T)[:, None], other=0.0).to(tl.int16, bitcast=True)
+    hi = tl.load(src + 1, mask=(t < T)[:, None], other=0.0).to(tl.int16, bitcast=True)
+    slot, ok = writable_slots(slots_ptr, keys_ptr, winners_ptr, t, T, P, TABLE_BITS)
+    lo = lo.to(tl.int32) << 16
+    hi = hi.to(tl.int32) << 16
     amax = tl.maximum(tl.reshape(lo & 0x7FFFFFFF, (ROWS, 4, 16)),
                       tl.reshape(hi & 0x7FFFFFFF, (ROWS, 4, 16)))
     byte = _scale_byte(tl.max(amax, axis=2), ROUND)  # [ROWS, 4]
