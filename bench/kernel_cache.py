@@ -33,16 +33,12 @@ def fill(trees: list[str], labels: list[str], cache: Path = CACHE) -> int:
     import numpy as np
 
     import jax_mxfp4 as jm
-    from jax_mxfp4 import bench_gpu
     from jax_mxfp4.gpu import compiler, launch
 
     sys.path.insert(0, str(HERE))
     import ab_trees
 
-    cells = [c for c in bench_gpu.cells() if c.label in labels]
-    missing = set(labels) - {c.label for c in cells}
-    if missing:
-        raise SystemExit(f"unknown cells {sorted(missing)}")
+    cells = ab_trees.named_cells(labels)
     # kernels this process compiled before are in memory, which would skip the disk store
     compiler.compile_kernel.cache_clear()
     checks = [jax.export.DisabledSafetyCheck.custom_call(launch.TARGET)]
