@@ -1,7 +1,7 @@
 """The GPU kernels' decoding and one-row scoring checked on the CPU by Triton's interpreter
 (``interpreted_kernels.py``, in a process of its own), so CI catches a wrong decode without a
-GPU. Mutations: swapping the inner joins of ``mxfp4.words_fp32`` (elements of
-each word trade places) fails the page check (36 % of the elements differ); scaling the
+GPU. Mutations: ``mxfp4.code_halves`` returning its first two pairs swapped (elements 0, 4
+and 2, 6 of every word trade places) fails the one-row scoring check; scaling the
 one-row scorer's groups by ``2**7`` instead of ``2**8`` fails the scoring check (every live
 score differs); the attention kernel's MXFP8 store without its non-finite case (scale byte
 247/248 and scaled values where a block holds Inf or NaN) fails the epilogue check (4 of 16

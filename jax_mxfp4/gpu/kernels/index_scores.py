@@ -48,14 +48,28 @@ def _query_columns(q_ptr, row, head, row_ok, first: tl.constexpr, WIDTH: tl.cons
 
 
 @triton.jit
-def _query_row(q_ptr, row, row_ok, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr):
-    """The query of row ``row`` (one head) as fp32 ``[16, 8]`` (element ``8w + k`` at
-    ``[w, k]``), rounded as the dots would round it."""
-    e = tl.arange(0, 16)[:, None] * 8 + tl.arange(0, 8)[None, :]
+def _query_column(q_ptr, row, row_ok, j: tl.constexpr, ROUND_Q: tl.constexpr):
+    """Elements ``8w + WORD_ORDER[j]`` (``w`` = 0..15) of row ``row``'s query (one head) as
+    fp32 ``[16]``, rounded as the dots would round them."""
+    e = tl.arange(0, 16) * 8 + mxfp4.WORD_ORDER[j]
     x = tl.load(q_ptr + row.to(tl.int64) * 128 + e, mask=row_ok, other=0.0).to(tl.float32)
     if ROUND_Q:
         x = mxfp4.round_e4m3(x).to(tl.float32)
     return x
+
+
+@triton.jit
+def _query_row(q_ptr, row, row_ok, ROUND_Q: tl.constexpr):
+    """The query of row ``row`` (one head) as ``mxfp4.row_logits`` takes it: eight fp32
+    ``[16]``, one per position of a code word's elements."""
+    return (_query_column(q_ptr, row, row_ok, 0, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 1, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 2, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 3, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 4, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 5, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 6, ROUND_Q),
+            _query_column(q_ptr, row, row_ok, 7, ROUND_Q))
 
 
 @triton.jit
@@ -85,9 +99,9 @@ def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
 
 
 @triton.jit
-def _row_block_max(q_row, words, scales, ok, pos0, j):
+def _row_block_max(q_row, words, scales, ok, pos0, j, PTX: tl.constexpr):
     """Row 0's max logit over block ``j`` from its loaded page (-inf where not ``ok``)."""
-    dots, expo = mxfp4.row_logits(q_row, words, scales)
+    dots, expo = mxfp4.row_logits(q_row, words, scales, PTX)
     tok = j * 128 + tl.arange(0, 128)
     logits = _poison_infinite(mxfp4.mul_pow2(dots, expo))
     row_max = tl.reduce(tl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
@@ -96,7 +110,7 @@ def _row_block_max(q_row, words, scales, ok, pos0, j):
 
 @triton.jit
 def _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok, first_block, NB,
-                W, P, score_scale, BLOCKS: tl.constexpr):
+                W, P, score_scale, BLOCKS: tl.constexpr, PTX: tl.constexpr):
     """Score blocks ``first_block ..`` (``BLOCKS`` of them) for a tile whose only dot row is
     row 0, and store them. Software-pipelined: block ``j + 1``'s code words are in flight
     while block ``j`` is computed, its scale bytes are loaded after that (their layout change
@@ -112,7 +126,7 @@ def _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok, fi
         if jj + 1 < BLOCKS:
             next_ptr, next_ok = _block_page(pool_ptr, table_ptr, req0, pos0, j + 1, NB, W, P)
             next_words = mxfp4.row_words(next_ptr, next_ok)
-        row_max = _row_block_max(q_row, words, scales, ok, pos0, j)
+        row_max = _row_block_max(q_row, words, scales, ok, pos0, j, PTX)
         best = tl.where(m == 0, row_max, float("-inf"))
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
         if jj + 1 < BLOCKS:
@@ -297,9 +311,9 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
-        q_row = _query_row(q_ptr, first_row, first_row < T, Q_IS_FP8, ROUND_Q)
+        q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
-                    first_block, NB, W, P, score_scale, BLOCKS)
+                    first_block, NB, W, P, score_scale, BLOCKS, PTX)
     elif FOLD and (req_lo == req_hi):
         _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_lo, pos,
                             live, row_ok, first_block, NB, W, P, reach, score_scale, BLOCKS,

@@ -5,12 +5,15 @@ decode (any Triton target, and Triton's interpreter): one shift-and-mask per nib
 bytes (:func:`nibble_e4m3`): ``(code & 7) << 2 | (code & 8) << 4`` is exactly ``e2m1(code) *
 2**-6`` as e4m3 (code 1: the e4m3 subnormal ``2**-7``), fed to the tensor cores directly
 (``tl.dot`` on e4m3) or after the hardware e4m3 -> 16-bit conversion. On CUDA (the kernels'
-``PTX`` argument) inline PTX decodes four bytes at a time with one byte permute and a shift
-and a logic op per pair of nibbles, straight into fp16 keys (:func:`nibbles_fp16`) and into
-scaled bf16 values (:func:`scaled_nibbles_bf16`, two bf16 multiplies per pair); tests/gpu
-holds both bit-exact. Each 32-element scale group is one ``K = 32`` dot; the group's e8m0
-byte is applied to the dot's result relative to the token's largest byte (``2**(byte -
-max)``, at most 1, so nothing overflows), and the token's own power of two
+``PTX`` argument) inline PTX decodes four bytes at a time: fp16 keys (:func:`nibbles_fp16`,
+:func:`word_values`) from every byte re-laid at once as ``s000 mmm0`` (three shifts and four
+masks per eight elements, then one byte permute per pair: the byte is the high half of the
+fp16), scaled bf16 values (:func:`scaled_nibbles_bf16`) with one byte permute, a shift and a
+logic op per pair of nibbles and two bf16 multiplies per pair. tests/gpu holds them
+bit-exact on the device; tests/test_ptx_decode.py runs the PTX text itself on the CPU.
+Each 32-element scale group is one ``K = 32`` dot; the group's e8m0 byte is applied to the
+dot's result relative to the token's largest byte (``2**(byte - max)``, at most 1, so
+nothing overflows), and the token's own power of two
 (:func:`key_exponent`) once per logit, as the reference does. Prefill tiles fold the groups'
 scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128`` dot per page and
 one exponent for the page, applied to each row's maximum.
@@ -18,8 +21,8 @@ one exponent for the page, applied to each row's maximum.
 A page's loads are issued together before any is used (:func:`load_keys`,
 :func:`page_bytes`: one load of all code bytes, one 32-bit word of scale bytes per token),
 because Triton changes each loaded tensor's layout right after its load, which waits for it.
-One-row index scoring on the CUDA cores decodes 32-bit code words two elements at a time into
-fp16 pairs widened to fp32 (:func:`words_fp32`).
+One-row index scoring on the CUDA cores decodes 32-bit code words four elements at a time into
+fp16 halves widened to fp32 (:func:`word_values`).
 
 Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
 nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.
@@ -81,11 +84,25 @@ def nibbles_fp8(raw):
     return codes.to(tl.float8e4nv, bitcast=True)
 
 
-# Four code bytes b0..b3 (one 32-bit register) -> eight 16-bit values in four registers:
-# $0 = (b0 low, b1 low), $1 = (b2 low, b3 low), $2 = (b0 high, b1 high), $3 = (b2 high, b3
-# high) nibbles. One byte permute puts b0, b1 in the two halves' low bytes (b2, b3 in their
-# second bytes); each register is then two shifts and one three-input logic op: the 3
-# magnitude bits of both of its nibbles land at once at MAG and their signs at bits 15 and 31.
+# Four code bytes b0..b3 (one 32-bit register) re-laid as bytes ``s000 mmm0``: ``even`` holds
+# the low nibbles (elements 0, 2, 4, 6), ``odd`` the high ones (three shifts, four masks for
+# all eight elements). As the high byte of a 16-bit half such a byte is the fp16 ``e2m1 *
+# 2**-14`` (sign at bit 15, magnitude at bits 9..11: exponent field 0..3 and mantissa bit 9;
+# code 1 the subnormal 2**-15); one byte permute per register puts two of them there over
+# zero low bytes.
+_BYTES = """
+shl.b32 t, {w}, 1; and.b32 e, t, 0x0E0E0E0E; shl.b32 t, {w}, 4; and.b32 t, t, 0x80808080;
+or.b32 e, e, t;
+shr.b32 t, {w}, 3; and.b32 o, t, 0x0E0E0E0E; and.b32 t, {w}, 0x80808080; or.b32 o, o, t;
+"""
+# fp16 pairs: $0 = (b0 low, b1 low), $1 = (b2 low, b3 low), $2 = (b0 high, b1 high), $3 =
+# (b2 high, b3 high) nibbles.
+_FP16_PAIRS = tl.constexpr("{ .reg .b32 t, e, o;" + _BYTES.format(w="$4")
+                           + "prmt.b32 $0, e, 0, 0x1404; prmt.b32 $1, e, 0, 0x3424;"
+                           + "prmt.b32 $2, o, 0, 0x1404; prmt.b32 $3, o, 0, 0x3424; }")
+# The bf16 values' layout: one byte permute puts b0, b1 in the two halves' low bytes (b2, b3
+# in their second bytes); each register is then two shifts and one three-input logic op: the
+# 3 magnitude bits of both of its nibbles land at once at MAG and their signs at bits 15, 31.
 _SPLIT = """
 prmt.b32 t, $4, 0, 0x3120;
 shl.b32 a, t, {l0}; and.b32 a, a, {mag}; shl.b32 b, t, {s0}; and.b32 b, b, 0x80008000;
@@ -97,12 +114,6 @@ or.b32 r2, a, b;
 shr.b32 a, t, {l3}; and.b32 a, a, {mag}; and.b32 b, t, 0x80008000;
 or.b32 r3, a, b;
 """
-# fp16: magnitude at bits 9..11 (exponent 0..3, mantissa bit 9): e2m1 * 2**-14, code 1 the
-# subnormal 2**-15.
-_FP16_PAIRS = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3;"
-               + _SPLIT.format(l0=9, s0=12, r1a="shl.b32", l1=1, s1=4, l2=5, s2=8, l3=3,
-                               mag="0x0E000E00")
-               + "mov.b32 $0, r0; mov.b32 $1, r1; mov.b32 $2, r2; mov.b32 $3, r3; }")
 # bf16: magnitude at bits 6..8: e2m1 * 2**-126 (code 1 the subnormal 2**-127), times 2**126
 # (exact: e2m1 itself), times the factor pair of $5 (elements 0, 1) or $6 (elements 2, 3).
 _BF16_SCALED = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3, c;"
@@ -119,8 +130,8 @@ _BF16_SCALED = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3, c;"
 def nibbles_fp16(raw):
     """fp16 values ``e2m1 * 2**-14`` (exact) of the two elements in each byte of ``raw`` (uint8
     ``[N, B]``, element ``2i`` in the low nibble of byte ``i``): ``float16 [N, 2 * B]`` in
-    element order, about one instruction per element (no per-nibble or per-byte work). Inline
-    PTX: CUDA only."""
+    element order: 11 instructions per 8 elements (:data:`_FP16_PAIRS`). Inline PTX: CUDA
+    only."""
     lo, hi = tl.inline_asm_elementwise(_FP16_PAIRS, "=r,=r,=r,=r,r", [raw],
                                        dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     return tl.reshape(tl.join(lo, hi), (raw.shape[0], 2 * raw.shape[1]))
@@ -137,32 +148,64 @@ def scaled_nibbles_bf16(raw, factor):
                                      dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
 
 
-@triton.jit
-def fp32_of_fp16_pairs(pairs):
-    """The two fp16 halves of each uint32 of ``pairs`` ``[...]`` as fp32 ``[..., 2]`` (low
-    half first)."""
-    halves = tl.join(pairs & 0xFFFF, pairs >> 16)
-    return halves.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+WORD_ORDER = tl.constexpr((0, 4, 2, 6, 1, 5, 3, 7))
+"""The elements of a code word in the order :func:`word_values` returns them."""
 
 
 @triton.jit
-def words_fp32(words):
-    """The 8 elements of each code word of ``words`` (uint32 ``[N, W]``; element ``e`` at
-    bits ``4e``) as fp32 ``e2m1 * 2**-14``: ``[N, W, 8]`` in element order, exact.
+def code_halves(words):
+    """The 8 elements of each code word of ``words`` (uint32, any shape; element ``e`` at bits
+    ``4e``, ``2i`` the low nibble of byte ``i``) as fp16 ``e2m1 * 2**-14`` in the high bytes of
+    four uint32 halves pairs: elements (0, 4), (2, 6), (1, 5), (3, 7).
 
-    Two elements at a time, with no per-byte work: one shift left by ``9 - 4k`` puts the
-    magnitudes of elements ``k`` and ``k + 4`` at bits 9..11 and 25..27 of an fp16 pair
-    (exponent field 0..3, mantissa bit 9: ``e2m1 * 2**-14``; code 1 is the fp16 subnormal
-    ``2**-15``), one shift by ``12 - 4k`` their signs at bits 15 and 31; the hardware widens
-    the halves.
+    Four elements at a time, so about one integer instruction per element: three shifts and
+    four masks re-lay every byte as ``s000 mmm0`` (``even``: the low nibbles, ``odd``: the high
+    ones), which as the high byte of a 16-bit half is the fp16 with the sign at bit 15 and the
+    magnitude at bits 9..11 (exponent field 0..3, mantissa bit 9: ``e2m1 * 2**-14``; code 1 is
+    the fp16 subnormal ``2**-15``); one mask or one shift and a mask then clears the low bytes.
     """
-    o0 = ((words << 9) & 0x0E000E00) | ((words << 12) & 0x80008000)
-    o1 = ((words << 5) & 0x0E000E00) | ((words << 8) & 0x80008000)
-    o2 = ((words << 1) & 0x0E000E00) | ((words << 4) & 0x80008000)
-    o3 = ((words >> 3) & 0x0E000E00) | (words & 0x80008000)
-    # tl.join stacks on a new last axis: [N, W, 2 (k // 2), 2 (k % 2), 2 (element k, k + 4)]
-    values = fp32_of_fp16_pairs(tl.join(tl.join(o0, o2), tl.join(o1, o3)))
-    return tl.reshape(tl.permute(values, (0, 1, 4, 2, 3)), (words.shape[0], words.shape[1], 8))
+    even = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & 0x80808080)
+    odd = ((words >> 3) & 0x0E0E0E0E) | (words & 0x80808080)
+    return ((even << 8) & 0xFF00FF00, even & 0xFF00FF00, (odd << 8) & 0xFF00FF00,
+            odd & 0xFF00FF00)
+
+
+@triton.jit
+def half_fp32(pairs, HIGH: tl.constexpr):
+    """The low (or, ``HIGH``, the high) fp16 half of each uint32 of ``pairs`` as fp32."""
+    if HIGH:
+        bits = pairs >> 16
+    else:
+        bits = pairs & 0xFFFF
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+# One code word ($8) -> its 8 elements as fp32 e2m1 * 2**-14 in WORD_ORDER: the bytes of
+# _BYTES, each permuted into the high byte of a half and widened. In PTX, so that LLVM cannot
+# fold the masks of :func:`code_halves` back into per-pair shifts, as it does to the plain
+# Triton form (four operations per pair again).
+_WORD_FP32 = tl.constexpr(
+    "{ .reg .b32 t, e, o, p; .reg .b16 l, h;" + _BYTES.format(w="$8")
+    + "prmt.b32 p, e, 0, 0x2404; mov.b32 {l, h}, p; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h;"
+    + "prmt.b32 p, e, 0, 0x3414; mov.b32 {l, h}, p; cvt.f32.f16 $2, l; cvt.f32.f16 $3, h;"
+    + "prmt.b32 p, o, 0, 0x2404; mov.b32 {l, h}, p; cvt.f32.f16 $4, l; cvt.f32.f16 $5, h;"
+    + "prmt.b32 p, o, 0, 0x3414; mov.b32 {l, h}, p; cvt.f32.f16 $6, l; cvt.f32.f16 $7, h; }")
+
+
+@triton.jit
+def word_values(words, PTX: tl.constexpr):
+    """The 8 elements of each code word of ``words`` (uint32, any shape) as fp32 ``e2m1 *
+    2**-14``, exact: eight tensors shaped like ``words``, in :data:`WORD_ORDER`. Each is a
+    register of its own (no joins: a joined tensor of halves is packed again with byte
+    permutes before it is widened), from :func:`code_halves`; where inline PTX runs
+    (``PTX``), the same steps in PTX (:data:`_WORD_FP32`)."""
+    if PTX:
+        return tl.inline_asm_elementwise(_WORD_FP32, "=f,=f,=f,=f,=f,=f,=f,=f,r", [words],
+                                         dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    p04, p26, p15, p37 = code_halves(words)
+    return (half_fp32(p04, False), half_fp32(p04, True), half_fp32(p26, False),
+            half_fp32(p26, True), half_fp32(p15, False), half_fp32(p15, True),
+            half_fp32(p37, False), half_fp32(p37, True))
 
 
 @triton.jit
@@ -184,14 +227,22 @@ def row_words(page_ptr, ok):
 
 
 @triton.jit
-def row_logits(q, words, scales):
+def row_logits(q, words, scales, PTX: tl.constexpr):
     """Relative logits of one query row over every token of a page, on the CUDA cores (a
     single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], exponent int32
     [128])`` as :func:`page_logits`, from the page's :func:`row_words` and
-    :func:`row_scales`. ``q``: the row's values ``f32 [16, 8]`` (element ``8w + k`` at ``[w,
-    k]``), e4m3- or bf16-exact, so every product is exact. Words are decoded by
-    :func:`words_fp32`."""
-    per_word = tl.sum(words_fp32(words) * q[None, :, :], axis=2)  # [128, 16]
+    :func:`row_scales`. ``q``: the row's values as eight ``f32 [16]``, ``q[j][w]`` the element
+    ``8w + WORD_ORDER[j]``, e4m3- or bf16-exact, so every product is exact. Words are decoded
+    by :func:`word_values`."""
+    v0, v1, v2, v3, v4, v5, v6, v7 = word_values(words, PTX)
+    per_word = v0 * q[0][None, :]  # [128, 16], one fused multiply-add per element after it
+    per_word += v1 * q[1][None, :]
+    per_word += v2 * q[2][None, :]
+    per_word += v3 * q[3][None, :]
+    per_word += v4 * q[4][None, :]
+    per_word += v5 * q[5][None, :]
+    per_word += v6 * q[6][None, :]
+    per_word += v7 * q[7][None, :]
     per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
     smax = tl.max(scales, axis=1)
     # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
