@@ -61,12 +61,13 @@ def run_ptx(text: str, operands: list) -> dict:
     arrays; outputs may be ``None``); returns every ``$k`` and register after the last
     statement. Raises on an instruction this interpreter does not know."""
     regs = {f"${k}": (None if v is None else _u32(v)) for k, v in enumerate(operands)}
+    shape = next(v.shape for v in regs.values() if v is not None)
 
     def value(token: str):
         token = token.strip()
         if token in regs:
             return regs[token]
-        return np.uint64(int(token, 0))
+        return np.full(shape, int(token, 0), np.uint64)  # an immediate, as wide as the data
 
     for statement in filter(None, (s.strip() for s in text.strip().strip("{}").split(";"))):
         op, _, rest = statement.partition(" ")
@@ -80,7 +81,7 @@ def run_ptx(text: str, operands: list) -> dict:
         dst, *args = (a.strip() for a in rest.split(","))
         x = [value(a) for a in args]
         if op in ("mov.b32", "mov.f32"):
-            result = x[0] + np.zeros_like(regs.get(dst) if regs.get(dst) is not None else x[0])
+            result = x[0]
         elif op == "shl.b32":
             result = (x[0] << x[1]) & MASK32
         elif op == "shr.b32":
@@ -90,12 +91,12 @@ def run_ptx(text: str, operands: list) -> dict:
         elif op == "or.b32":
             result = x[0] | x[1]
         elif op == "prmt.b32":
-            result = _prmt(x[0], x[1] + np.zeros_like(x[0]), int(x[2]))
+            result = _prmt(x[0], x[1], int(args[2], 0))
         elif op == "cvt.f32.f16":
             half = x[0].astype(np.uint16).view(np.float16)
             result = half.astype(np.float32).view(np.uint32).astype(np.uint64)
         elif op == "mul.rn.bf16x2":
-            result = _bf16_mul(x[0] + np.zeros_like(x[1]), x[1] + np.zeros_like(x[0]))
+            result = _bf16_mul(x[0], x[1])
         else:
             raise NotImplementedError(statement)
         regs[dst] = np.asarray(result, np.uint64)

@@ -100,30 +100,29 @@ shr.b32 t, {w}, 3; and.b32 o, t, 0x0E0E0E0E; and.b32 t, {w}, 0x80808080; or.b32 
 _FP16_PAIRS = tl.constexpr("{ .reg .b32 t, e, o;" + _BYTES.format(w="$4")
                            + "prmt.b32 $0, e, 0, 0x1404; prmt.b32 $1, e, 0, 0x3424;"
                            + "prmt.b32 $2, o, 0, 0x1404; prmt.b32 $3, o, 0, 0x3424; }")
-# The bf16 values' layout: one byte permute puts b0, b1 in the two halves' low bytes (b2, b3
-# in their second bytes); each register is then two shifts and one three-input logic op: the
-# 3 magnitude bits of both of its nibbles land at once at MAG and their signs at bits 15, 31.
-_SPLIT = """
-prmt.b32 t, $4, 0, 0x3120;
-shl.b32 a, t, {l0}; and.b32 a, a, {mag}; shl.b32 b, t, {s0}; and.b32 b, b, 0x80008000;
-or.b32 r0, a, b;
-{r1a} a, t, {l1}; and.b32 a, a, {mag}; shl.b32 b, t, {s1}; and.b32 b, b, 0x80008000;
-or.b32 r1, a, b;
-shl.b32 a, t, {l2}; and.b32 a, a, {mag}; shl.b32 b, t, {s2}; and.b32 b, b, 0x80008000;
-or.b32 r2, a, b;
-shr.b32 a, t, {l3}; and.b32 a, a, {mag}; and.b32 b, t, 0x80008000;
-or.b32 r3, a, b;
-"""
-# bf16: magnitude at bits 6..8: e2m1 * 2**-126 (code 1 the subnormal 2**-127), times 2**126
-# (exact: e2m1 itself), times the factor pair of $5 (elements 0, 1) or $6 (elements 2, 3).
-_BF16_SCALED = tl.constexpr("{ .reg .b32 t, a, b, r0, r1, r2, r3, c;"
-                + _SPLIT.format(l0=6, s0=12, r1a="shr.b32", l1=2, s1=4, l2=2, s2=8, l3=6,
-                                mag="0x01C001C0")
-                + "mov.b32 c, 0x7E807E80;"
-                + "mul.rn.bf16x2 r0, r0, c; mul.rn.bf16x2 r1, r1, c;"
-                + "mul.rn.bf16x2 r2, r2, c; mul.rn.bf16x2 r3, r3, c;"
-                + "mul.rn.bf16x2 $0, r0, $5; mul.rn.bf16x2 $1, r1, $6;"
-                + "mul.rn.bf16x2 $2, r2, $5; mul.rn.bf16x2 $3, r3, $6; }")
+# bf16 values, four code bytes ($4) and their factor pairs ($5: bytes 0, 1; $6: bytes 2, 3):
+# one byte permute puts b0, b1 in the two halves' low bytes (b2, b3 in their second bytes);
+# each register is then two shifts and one three-input logic op, the 3 magnitude bits of both
+# of its nibbles landing at once at bits 6..8 and their signs at bits 15, 31: e2m1 * 2**-126
+# (code 1 the subnormal 2**-127), times 2**126 (exact: e2m1 itself), times the factor pair.
+# $0 = (b0 low, b1 low), $1 = (b2 low, b3 low), $2 = (b0 high, b1 high), $3 = (b2 high, b3
+# high) nibbles.
+_BF16_SCALED = tl.constexpr(
+    "{ .reg .b32 t, a, b, r0, r1, r2, r3, c;\n"
+    "prmt.b32 t, $4, 0, 0x3120;\n"
+    "shl.b32 a, t, 6; and.b32 a, a, 0x01C001C0; shl.b32 b, t, 12; and.b32 b, b, 0x80008000;\n"
+    "or.b32 r0, a, b;\n"
+    "shr.b32 a, t, 2; and.b32 a, a, 0x01C001C0; shl.b32 b, t, 4; and.b32 b, b, 0x80008000;\n"
+    "or.b32 r1, a, b;\n"
+    "shl.b32 a, t, 2; and.b32 a, a, 0x01C001C0; shl.b32 b, t, 8; and.b32 b, b, 0x80008000;\n"
+    "or.b32 r2, a, b;\n"
+    "shr.b32 a, t, 6; and.b32 a, a, 0x01C001C0; and.b32 b, t, 0x80008000;\n"
+    "or.b32 r3, a, b;\n"
+    "mov.b32 c, 0x7E807E80;"
+    "mul.rn.bf16x2 r0, r0, c; mul.rn.bf16x2 r1, r1, c;"
+    "mul.rn.bf16x2 r2, r2, c; mul.rn.bf16x2 r3, r3, c;"
+    "mul.rn.bf16x2 $0, r0, $5; mul.rn.bf16x2 $1, r1, $6;"
+    "mul.rn.bf16x2 $2, r2, $5; mul.rn.bf16x2 $3, r3, $6; }")
 
 
 @triton.jit
@@ -156,13 +155,15 @@ WORD_ORDER = tl.constexpr((0, 4, 2, 6, 1, 5, 3, 7))
 def code_halves(words):
     """The 8 elements of each code word of ``words`` (uint32, any shape; element ``e`` at bits
     ``4e``, ``2i`` the low nibble of byte ``i``) as fp16 ``e2m1 * 2**-14`` in the high bytes of
-    four uint32 halves pairs: elements (0, 4), (2, 6), (1, 5), (3, 7).
+    four uint32 pairs of halves: elements (0, 4), (2, 6), (1, 5), (3, 7). The plain-Triton
+    form of :data:`_FP16_PAIRS` and :data:`_WORD_FP32` (the interpreter runs it; compiled,
+    LLVM folds its shared masks back into per-pair ones, so CUDA takes the PTX).
 
-    Four elements at a time, so about one integer instruction per element: three shifts and
-    four masks re-lay every byte as ``s000 mmm0`` (``even``: the low nibbles, ``odd``: the high
-    ones), which as the high byte of a 16-bit half is the fp16 with the sign at bit 15 and the
-    magnitude at bits 9..11 (exponent field 0..3, mantissa bit 9: ``e2m1 * 2**-14``; code 1 is
-    the fp16 subnormal ``2**-15``); one mask or one shift and a mask then clears the low bytes.
+    Four elements at a time: three shifts and four masks re-lay every byte as ``s000 mmm0``
+    (``even``: the low nibbles, ``odd``: the high ones), which as the high byte of a 16-bit
+    half is the fp16 with the sign at bit 15 and the magnitude at bits 9..11 (exponent field
+    0..3, mantissa bit 9: ``e2m1 * 2**-14``; code 1 is the fp16 subnormal ``2**-15``); one mask
+    or one shift and a mask then clears the low bytes.
     """
     even = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & 0x80808080)
     odd = ((words >> 3) & 0x0E0E0E0E) | (words & 0x80808080)
