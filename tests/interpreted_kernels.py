@@ -108,7 +108,7 @@ def _mxfp8_store_kernel(o_ptr, values_ptr, scales_ptr, t, qh0):
     g = tl.arange(0, 4)
     # the attention kernels hold the output's columns in value order (mxfp4.value_dims)
     o = tl.load(o_ptr + g[:, None] * 128 + mxfp4.value_dims()[None, :])
-    sparse_attention._store_output(o, values_ptr, scales_ptr, t, qh0, g, g < 4, 4, True)
+    sparse_attention._store_output(o, values_ptr, scales_ptr, t, qh0, g, g < 4, 4, True, False)
 
 
 def check_mxfp8_epilogue(rng) -> None:
@@ -276,7 +276,7 @@ def interpreted_attention(case, splits: int, blocks: int | None = None) -> np.nd
                                                              **consts)
         sparse_attention.reduce_kernel[sparse_attention.reduce_grid(rows, blocks)](
             o, m, l_, out, out, G=group, GP=gp, SPLITS=splits, MXFP8=False,
-            BLOCKS=blocks or sparse_attention.REDUCE_BLOCKS)
+            BLOCKS=blocks or sparse_attention.REDUCE_BLOCKS, PTX=False)
     return out.array.astype(np.float32)
 
 

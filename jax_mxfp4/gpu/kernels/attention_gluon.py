@@ -198,7 +198,8 @@ def _query(q_ptr, qrow, g_ok, Q_IS_FP8: gl.constexpr):
         sbits = q_scale.to(gl.int32, bitcast=True)
         q_exp = ((sbits >> 23) & 0xFF) - 127
         q_mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)
-        qn = mxfp4.round_e4m3(gl.div_rn(x.to(gl.float32), q_scale[:, None])).to(gl.float16)
+        quotient = gl.div_rn(x.to(gl.float32), q_scale[:, None])
+        qn = mxfp4.round_e4m3(quotient, True).to(gl.float16)
     g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h = query_operand_order(qn)
     operands = (_per_warp(g0l), _per_warp(g0h), _per_warp(g1l), _per_warp(g1h),
                 _per_warp(g2l), _per_warp(g2h), _per_warp(g3l), _per_warp(g3h))

@@ -35,7 +35,8 @@ PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima
 
 @triton.jit
 def _query_columns(q_ptr, row, head, row_ok, first: tl.constexpr, WIDTH: tl.constexpr,
-                   H: tl.constexpr, ROUND_Q: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                   H: tl.constexpr, ROUND_Q: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   PTX: tl.constexpr):
     """Columns ``first .. first + WIDTH - 1`` of the query rows as a dot operand ``[M,
     WIDTH]``: a bf16 query rounded to e4m3 (``ROUND_Q``), else (an e4m3 query, or a bf16 one
     kept as is for bf16 dots) converted exactly."""
@@ -43,33 +44,64 @@ def _query_columns(q_ptr, row, head, row_ok, first: tl.constexpr, WIDTH: tl.cons
     ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * 128 + c[None, :]
     x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     if ROUND_Q:
-        return mxfp4.round_e4m3(x.to(tl.float32)).to(DOT_DTYPE)
+        return mxfp4.round_e4m3(x.to(tl.float32), PTX).to(DOT_DTYPE)
     return x.to(DOT_DTYPE)
 
 
 @triton.jit
-def _query_column(q_ptr, row, row_ok, j: tl.constexpr, ROUND_Q: tl.constexpr):
+def _query_column(q_ptr, row, row_ok, j: tl.constexpr, ROUND_Q: tl.constexpr,
+                  PTX: tl.constexpr):
     """Elements ``8w + WORD_ORDER[j]`` (``w`` = 0..15) of row ``row``'s query (one head) as
     fp32 ``[16]``, rounded as the dots would round them."""
     e = tl.arange(0, 16) * 8 + mxfp4.WORD_ORDER[j]
     x = tl.load(q_ptr + row.to(tl.int64) * 128 + e, mask=row_ok, other=0.0).to(tl.float32)
+    return _rounded(x, ROUND_Q, PTX)
+
+
+@triton.jit
+def _rounded(x, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
+    """fp32 query values ``x`` rounded to e4m3 where ``ROUND_Q``, as fp32."""
     if ROUND_Q:
-        x = mxfp4.round_e4m3(x).to(tl.float32)
+        x = mxfp4.round_e4m3(x, PTX).to(tl.float32)
     return x
 
 
 @triton.jit
-def _query_row(q_ptr, row, row_ok, ROUND_Q: tl.constexpr):
+def _bf16_halves(pairs, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
+    """The low and the high bf16 of each uint32 of ``pairs`` as fp32 (rounded as
+    :func:`_rounded`): a bf16 is the high half of its fp32."""
+    low = (pairs << 16).to(tl.float32, bitcast=True)
+    high = (pairs & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return _rounded(low, ROUND_Q, PTX), _rounded(high, ROUND_Q, PTX)
+
+
+@triton.jit
+def _query_row(q_ptr, row, row_ok, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
     """The query of row ``row`` (one head) as ``mxfp4.row_logits`` takes it: eight fp32
-    ``[16]``, one per position of a code word's elements."""
-    return (_query_column(q_ptr, row, row_ok, 0, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 1, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 2, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 3, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 4, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 5, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 6, ROUND_Q),
-            _query_column(q_ptr, row, row_ok, 7, ROUND_Q))
+    ``[16]``, one per position of a code word's elements (``WORD_ORDER``). A bf16 query is
+    loaded as ``[16 words, 4]`` element pairs (a thread's 32 elements in 16-byte loads) and
+    split in registers; others element by element (:func:`_query_column`). Every program
+    loads and rounds it, so this prologue is paid once per two blocks."""
+    if q_ptr.dtype.element_ty == tl.bfloat16:
+        pair = tl.arange(0, 16)[:, None] * 4 + tl.arange(0, 4)[None, :]
+        first = q_ptr.to(tl.pointer_type(tl.uint32)) + row.to(tl.int64) * 64
+        pairs = tl.load(first + pair, mask=row_ok, other=0)  # pair p: elements 8w + 2p, + 1
+        even, odd = tl.split(tl.reshape(pairs, (16, 2, 2)))  # pairs (0, 2) and (1, 3)
+        p0, p2 = tl.split(even)
+        p1, p3 = tl.split(odd)
+        e0, e1 = _bf16_halves(p0, ROUND_Q, PTX)
+        e2, e3 = _bf16_halves(p1, ROUND_Q, PTX)
+        e4, e5 = _bf16_halves(p2, ROUND_Q, PTX)
+        e6, e7 = _bf16_halves(p3, ROUND_Q, PTX)
+        return e0, e4, e2, e6, e1, e5, e3, e7  # WORD_ORDER
+    return (_query_column(q_ptr, row, row_ok, 0, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 1, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 2, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 3, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 4, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 5, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 6, ROUND_Q, PTX),
+            _query_column(q_ptr, row, row_ok, 7, ROUND_Q, PTX))
 
 
 @triton.jit
@@ -295,14 +327,14 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     row, head, row_ok, pos, req, live = tile_rows(tl.arange(0, M), first_row, pos_ptr,
                                                   req_ptr, T, B, H, ROWS)
     if FOLD:
-        q = _query_columns(q_ptr, row, head, row_ok, 0, 128, H, ROUND_Q, DOT_DTYPE)
+        q = _query_columns(q_ptr, row, head, row_ok, 0, 128, H, ROUND_Q, DOT_DTYPE, PTX)
         q0, q1, q2, q3 = q, q, q, q  # unused
     else:
         q = tl.zeros((M, 128), DOT_DTYPE)  # unused
-        q0 = _query_columns(q_ptr, row, head, row_ok, 0, 32, H, ROUND_Q, DOT_DTYPE)
-        q1 = _query_columns(q_ptr, row, head, row_ok, 32, 32, H, ROUND_Q, DOT_DTYPE)
-        q2 = _query_columns(q_ptr, row, head, row_ok, 64, 32, H, ROUND_Q, DOT_DTYPE)
-        q3 = _query_columns(q_ptr, row, head, row_ok, 96, 32, H, ROUND_Q, DOT_DTYPE)
+        q0 = _query_columns(q_ptr, row, head, row_ok, 0, 32, H, ROUND_Q, DOT_DTYPE, PTX)
+        q1 = _query_columns(q_ptr, row, head, row_ok, 32, 32, H, ROUND_Q, DOT_DTYPE, PTX)
+        q2 = _query_columns(q_ptr, row, head, row_ok, 64, 32, H, ROUND_Q, DOT_DTYPE, PTX)
+        q3 = _query_columns(q_ptr, row, head, row_ok, 96, 32, H, ROUND_Q, DOT_DTYPE, PTX)
     reach = tl.max(tl.where(live, pos, -1), axis=0)
     # The tile's requests: one in the common case (rows are request-major), so each block's
     # page is loaded once (in a prefill tile, the next block's while this one is scored).
@@ -311,7 +343,7 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
-        q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q)
+        q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
                     first_block, NB, W, P, score_scale, BLOCKS, PTX)
     elif FOLD and (req_lo == req_hi):

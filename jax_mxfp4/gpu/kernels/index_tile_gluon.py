@@ -103,7 +103,7 @@ def _query_half(q_ptr, qrow, row_ok, g: gl.constexpr, nib: gl.constexpr,
     x = gl.load(q_ptr + rows[:, None] * 128 + 32 * g + key_column(v, nib)[None, :],
                 mask=ok[:, None], other=0.0)
     if ROUND_Q:
-        return mxfp4.round_e4m3(x.to(gl.float32)).to(gl.float16)
+        return mxfp4.round_e4m3(x.to(gl.float32), True).to(gl.float16)
     return x.to(gl.float16)
 
 

@@ -515,10 +515,15 @@ def quotient_rn(x, d, inv):
 
 
 @triton.jit
-def round_e4m3(x):
-    """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §15.2): the hardware
-    conversion (``cvt.rn.satfinite`` on sm_90) after the clamp. NaN stays NaN (SPEC §15.18):
-    the clamp propagates it (PTX's plain ``max`` would return -448 for a NaN)."""
+def round_e4m3(x, SATURATES: tl.constexpr = False):
+    """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §15.2). NaN stays NaN
+    (SPEC §15.18). ``SATURATES``: the conversion saturates by itself, which is so wherever
+    inline PTX runs (``PTX``): Triton has e4m3 on CUDA only from sm_89, where it converts with
+    ``cvt.rn.satfinite`` (+-448 past the range, NaN kept), so no clamp is needed. Elsewhere
+    (the interpreter, ROCm) the clamp comes first, and propagates NaN (PTX's plain ``max``
+    would return -448 for a NaN)."""
+    if SATURATES:
+        return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
     clamped = tl.minimum(tl.maximum(x, -448.0, propagate_nan=PROPAGATE_NAN), 448.0,
                          propagate_nan=PROPAGATE_NAN)
     return clamped.to(tl.float8e4nv, fp_downcast_rounding="rtne")

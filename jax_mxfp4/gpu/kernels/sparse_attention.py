@@ -48,7 +48,8 @@ def _abs_max_bits(x):
 
 
 @triton.jit
-def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr):
+def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr,
+                  PTX: tl.constexpr):
     """The four query groups ``[GP, 32]`` as dot operands, and each row's scale exponent and
     mantissa (``q_scale = max(amax / 448, FLT_MIN)``; 1 for an e4m3 query)."""
     c = tl.arange(0, 32)
@@ -63,12 +64,12 @@ def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr
         mant = tl.full(qrow.shape, 1.0, tl.float32)
         q0, q1, q2, q3 = x0.to(dot_dtype), x1.to(dot_dtype), x2.to(dot_dtype), x3.to(dot_dtype)
     else:
-        q0, q1, q2, q3, expo, mant = _normalized(x0, x1, x2, x3, dot_dtype)
+        q0, q1, q2, q3, expo, mant = _normalized(x0, x1, x2, x3, dot_dtype, PTX)
     return q0, q1, q2, q3, expo, mant
 
 
 @triton.jit
-def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
+def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr, PTX: tl.constexpr):
     """bf16 query groups normalized per row to e4m3 (SPEC §15.9), with the scale's exponent
     and mantissa."""
     amax_bits = tl.maximum(tl.maximum(_abs_max_bits(x0), _abs_max_bits(x1)),
@@ -77,10 +78,10 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
     q_scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), FLT_MIN)
     s = q_scale[:, None]
     inv = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), q_scale)[:, None]
-    q0 = mxfp4.round_e4m3(mxfp4.quotient_rn(x0.to(tl.float32), s, inv)).to(dot_dtype)
-    q1 = mxfp4.round_e4m3(mxfp4.quotient_rn(x1.to(tl.float32), s, inv)).to(dot_dtype)
-    q2 = mxfp4.round_e4m3(mxfp4.quotient_rn(x2.to(tl.float32), s, inv)).to(dot_dtype)
-    q3 = mxfp4.round_e4m3(mxfp4.quotient_rn(x3.to(tl.float32), s, inv)).to(dot_dtype)
+    q0 = mxfp4.round_e4m3(mxfp4.quotient_rn(x0.to(tl.float32), s, inv), PTX).to(dot_dtype)
+    q1 = mxfp4.round_e4m3(mxfp4.quotient_rn(x1.to(tl.float32), s, inv), PTX).to(dot_dtype)
+    q2 = mxfp4.round_e4m3(mxfp4.quotient_rn(x2.to(tl.float32), s, inv), PTX).to(dot_dtype)
+    q3 = mxfp4.round_e4m3(mxfp4.quotient_rn(x3.to(tl.float32), s, inv), PTX).to(dot_dtype)
     sbits = q_scale.to(tl.int32, bitcast=True)
     expo = ((sbits >> 23) & 0xFF) - 127
     mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
@@ -88,7 +89,7 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr):
 
 
 @triton.jit
-def _mxfp8_blocks(x):
+def _mxfp8_blocks(x, PTX: tl.constexpr):
     """MXFP8 of bf16 ``x [GP, 2, NB, 16]`` whose MXFP8 block ``b`` is ``x[:, :, b, :]``:
     e4m3 values (same shape) and scale bytes ``int32 [GP, NB]``. An Inf or NaN in a block:
     scale byte 255 and every value NaN (SPEC §15.13)."""
@@ -99,13 +100,14 @@ def _mxfp8_blocks(x):
     non_finite = (expo == 0xFF)[:, None, :, None]
     sb = tl.where(expo == 0xFF, 255, sb)
     scaled = x.to(tl.float32) * mxfp4.pow2(127 - sb)[:, None, :, None]
-    codes = mxfp4.round_e4m3(scaled).to(tl.uint8, bitcast=True)
+    codes = mxfp4.round_e4m3(scaled, PTX).to(tl.uint8, bitcast=True)
     codes = tl.where(non_finite, E4M3_NAN, codes)
     return codes.to(tl.float8e4nv, bitcast=True), sb
 
 
 @triton.jit
-def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexpr):
+def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexpr,
+                  PTX: tl.constexpr):
     """Store the final output rows ``o f32 [GP, 128]`` of token ``t``, q heads ``qh0 + g``,
     columns in the value order of :func:`mxfp4.value_dims`: bf16 ``[T, Hq, 128]``, or MXFP8
     values ``[T, Hq*128]`` and scales ``[T, Hq*4]``."""
@@ -114,7 +116,7 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
     qh = (qh0 + g).to(tl.int64)
     if MXFP8:
         # columns (nibble, group, byte): a 32-element block is [:, :, b, :]
-        values, sb = _mxfp8_blocks(tl.reshape(ob, (g.shape[0], 2, 4, 16)))
+        values, sb = _mxfp8_blocks(tl.reshape(ob, (g.shape[0], 2, 4, 16)), PTX)
         values = tl.reshape(values, (g.shape[0], 128))
         vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
         tl.store(vptr, values, mask=g_ok[:, None])
@@ -235,7 +237,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     g = tl.arange(0, GP)
     g_ok = g < G
     qrow = t.to(tl.int64) * HKV * G + h * G + g
-    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, USE_FP8)
+    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, USE_FP8, PTX)
     ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
@@ -259,7 +261,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     o = tl.where((l_i > 0)[:, None], acc, 0.0)  # columns in mxfp4.value_dims order
     o = tl.where((m_i != m_i)[:, None], float("nan"), o)  # a poisoned q head (NaN max)
     if SPLITS == 1:
-        _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8)
+        _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8, PTX)
     else:
         part = (r.to(tl.int64) * SPLITS + s) * GP + g
         tl.store(m_ptr + part, m_i)
@@ -318,7 +320,7 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
 @triton.jit
 def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
                   GP: tl.constexpr, SPLITS: tl.constexpr, MXFP8: tl.constexpr,
-                  BLOCKS: tl.constexpr):
+                  BLOCKS: tl.constexpr, PTX: tl.constexpr):
     """Program ``(r, c)`` merges the split partials of row ``r`` (:func:`merge_partials`) for
     its MXFP8 blocks ``c * BLOCKS ..`` (32 head dimensions each) and stores them: bf16 ``[T,
     Hq, 128]``, or MXFP8 values ``[T, Hq*128]`` and scale bytes ``[T, Hq*4]``."""
@@ -334,7 +336,7 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
     out = merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP, SPLITS).to(tl.bfloat16)
     row = (r.to(tl.int64) * G + g)[:, None]  # q head rows [GP, 1] (row r = t * Hkv + h)
     if MXFP8:
-        values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, 16)))
+        values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, 16)), PTX)
         tl.store(out_ptr + row * 128 + dims[None, :], tl.reshape(values, (GP, BLOCKS * 32)),
                  mask=g_ok[:, None])
         block = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)[None, :]
