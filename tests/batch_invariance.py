@@ -50,11 +50,16 @@ def attention(rng, output: str, num_rows: int = 48, q_dtype: str = "bf16") -> No
             _assert_rows_equal(f"attention {output} {name}", f, p, rows, 0)
 
 
-def _index_case(rng, shape: str):
-    """Twelve decode requests of 4 rows each, or four prefill chunks of 80 rows."""
+def _index_case(rng, shape: str, one_row_blocks: int = 8):
+    """Twelve decode requests of 4 rows each, 48 of one row (``decode1``: the one-row tiles,
+    over ``one_row_blocks`` blocks), or four prefill chunks of 80 rows."""
     if shape == "decode":
         return decode_index_case(rng, rng.integers(1, 8 * 128, 12), 4, num_heads=1,
                                  num_blocks=8, table_width=8, num_pages=12 * 8)
+    if shape == "decode1":
+        width = one_row_blocks
+        return decode_index_case(rng, rng.integers(1, width * 128, 48), 1, num_heads=1,
+                                 num_blocks=width, table_width=width, num_pages=48 * width)
     return prefill_index_case(rng, [80] * 4, [300, 0, 700, 129], num_rows=320, num_heads=1,
                               num_blocks=8, table_width=8, num_pages=4 * 8)
 
@@ -69,11 +74,11 @@ def _request_subset(case, chosen: np.ndarray):
                   renumber[case.requests[rows]])
 
 
-def index_scores(rng, shape: str, q_round: str = "e4m3") -> None:
-    """``index_scores`` of decode rows (S = 4) or prefill chunks, and ``select_blocks`` of
-    those scores, on subsets of the *requests* (a serving batch groups whole requests; rows
+def index_scores(rng, shape: str, q_round: str = "e4m3", one_row_blocks: int = 8) -> None:
+    """``index_scores`` of decode rows (S = 4 or 1) or prefill chunks, and ``select_blocks``
+    of those scores, on subsets of the *requests* (a serving batch groups whole requests; rows
     per request stay what the step's shape makes them)."""
-    case = _index_case(rng, shape)
+    case = _index_case(rng, shape, one_row_blocks)
     score = jax.jit(lambda q, pool, table, pos, req: jm.index_scores(
         q, pool, table, pos, req, num_blocks=case.num_blocks, sm_scale=SM_SCALE,
         q_round=q_round))

@@ -19,7 +19,7 @@ def test_attention_rows_do_not_depend_on_the_batch(rng, output, q_dtype):
     check.attention(rng, output, q_dtype=q_dtype)
 
 
-@pytest.mark.parametrize("shape", ["decode", "prefill"])
+@pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 def test_index_and_selection_rows_do_not_depend_on_the_batch(rng, shape, q_round):
     check.index_scores(rng, shape, q_round)

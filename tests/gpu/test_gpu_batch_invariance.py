@@ -2,7 +2,8 @@
 of rows and on subsets of it (first row, first 8, first 32, shuffled), shared rows bit-equal
 (the checks: ``tests/batch_invariance.py``). The split-K plan of attention follows the page
 table only (``plans.attention_splits``) and its warp count is fixed, so a row's partitions and
-reductions are the same in any batch."""
+reductions are the same in any batch; the one-row index tiles' warps and blocks per program
+follow the grid, and their sums run in the same order whatever they are."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ def test_attention_rows_do_not_depend_on_the_batch(rng, output, q_dtype):
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 def test_index_and_selection_rows_do_not_depend_on_the_batch(rng, shape, q_round):
     check.index_scores(rng, shape, q_round)
+
+
+@pytest.mark.parametrize("q_round", ["e4m3", "none"])
+def test_one_row_index_rows_do_not_depend_on_the_batch(rng, q_round):
+    """Single-row requests (the CUDA-core one-row tiles) over enough blocks that the whole
+    batch, and the shuffled one, reach ``ONE_ROW_PAIRS_FROM`` blocks per SM (two blocks on
+    ``ONE_ROW_WARPS`` warps per program) and the first 1, 8 and 32 requests do not (one
+    block on one warp): the two plans must give the same bits. (Mutation, by hand: the
+    one-warp plan's group sums in another order fail it.)"""
+    from jax_mxfp4.gpu.kernels import index_scores
+
+    threshold = index_scores.ONE_ROW_PAIRS_FROM * gpu_env.units()
+    width = -(-threshold // 40)  # 48 requests reach it, 32 do not
+    assert 32 * width < threshold <= 48 * width
+    check.index_scores(rng, "decode1", q_round, one_row_blocks=width)
 
 
 def test_write_cache_rows_do_not_depend_on_the_batch(rng):

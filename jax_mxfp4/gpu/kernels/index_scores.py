@@ -386,6 +386,16 @@ ONE_ROW_PAIRS_FROM = 64
 first is scored) from this many blocks per SM on; below it the grid would leave SMs idle in its
 last wave (RESULTS: 2 blocks 129 vs 139 us at b32 ctx 128K, 27.5 vs 24.9 us at ctx 8K)."""
 
+ONE_ROW_WARPS = 2
+"""Warps of a one-row program walking two blocks (:data:`ONE_ROW_PAIRS_FROM`); one below
+it, where a program scores one block. Fewer warps per page mean fewer barriers and fewer
+cross-warp maxima per block, and more programs resident to hide the page loads (RESULTS,
+tenth session: 2 warps and 2 blocks 96.0 us against 100.1 at 4 and 4, 110.9 at 4 and 2,
+b32 ctx 128K; 1 warp 7.2 us against 8.7 at 2 and 10.1 at 4, b32 ctx 8K). A row's scores do
+not depend on it: each thread holds the same four words of a token's scale group and the
+same four groups of a token in any of these layouts, so every sum runs in the same order
+(``tests/gpu``'s batch invariance checks it across the threshold)."""
+
 
 TILE_BLOCKS_MAX = 8
 """Blocks per program of a prefill-shaped tile at most: its query tile is loaded once for
@@ -405,7 +415,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
     take one block per program (tens of thousands of small programs, none waiting on a page
     for another block) and four group dots, which measured faster than folded keys there;
-    one-row tiles two blocks where the grid is large (:data:`ONE_ROW_PAIRS_FROM`).
+    one-row tiles two blocks on two warps where the grid is large (:data:`ONE_ROW_PAIRS_FROM`),
+    else one block on one warp (:data:`ONE_ROW_WARPS`).
     Prefill-shaped tiles (64 dot rows and more, warpgroup dots) take folded keys, one
     accumulator, which lets a tile hold 128 rows (four rescaled group dots spilled there), and
     up to :data:`TILE_BLOCKS_MAX` blocks per program, reusing the loaded query tile and
@@ -423,14 +434,16 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     if m >= 64:
         blocks = max(1, min(TILE_BLOCKS_MAX, num_blocks,
                             (row_tiles * num_blocks) // (2 * num_sms)))
-    elif rows * num_heads == 1 and row_tiles * num_blocks >= ONE_ROW_PAIRS_FROM * num_sms:
-        blocks = 2
+    one_row = rows * num_heads == 1
+    warps = 8 if m >= 64 else 4
+    if one_row:
+        pairs = row_tiles * num_blocks >= ONE_ROW_PAIRS_FROM * num_sms
+        blocks, warps = (2, ONE_ROW_WARPS) if pairs else (1, 1)
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
     fold = foldable and m >= 64
-    one_row = rows * num_heads == 1
     registers = DECODE_TILE_REGISTERS if m == 16 and not one_row else None
-    return Plan(rows, m, blocks, grid, 8 if m >= 64 else 4, one_row, fold, registers)
+    return Plan(rows, m, blocks, grid, warps, one_row, fold, registers)
 
 
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
