@@ -2,7 +2,9 @@
 
 ``python -m jax_mxfp4.gpu.compile_worker`` reads requests from stdin and answers on stdout,
 each a pickled object behind an 8-byte little-endian length: a request is ``(spec, target)``
-with ``spec.fn`` given as ``(module, name)`` of the ``@triton.jit`` function; the answer is
+with ``spec.fn`` given as ``(module, name, file)`` of the ``@triton.jit`` function (``file``:
+where the module was loaded from, for a module that is not importable by name, such as a
+script under ``bench/`` loaded by path); the answer is
 ``("ok", Compiled)`` or ``("error", message)``. Why a process of its own: see
 :func:`jax_mxfp4.gpu.compiler._compile_here_or_isolated`. A plain subprocess, not
 ``multiprocessing``, so the parent's ``__main__`` (a user's script) is never imported again.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
 import pickle
 import subprocess
@@ -42,7 +45,8 @@ class Worker:
 
     def compile(self, spec, target):
         kernel = spec.fn.fn  # the Python function under @triton.jit
-        portable = dataclasses.replace(spec, fn=(kernel.__module__, kernel.__qualname__))
+        file = kernel.__globals__.get("__file__")  # its module's, if loaded from a file
+        portable = dataclasses.replace(spec, fn=(kernel.__module__, kernel.__qualname__, file))
         with self._lock:
             _send(self._process.stdin, (portable, target))
             answer = _receive(self._process.stdout)
@@ -55,6 +59,22 @@ class Worker:
         return value
 
 
+def _kernel_module(module: str, file: str | None):
+    """The module ``module``, imported by name, or else loaded from ``file`` (a module the
+    parent loaded by path: this process's ``sys.path`` does not reach it)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        if file is None:
+            raise
+    if module not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module, file)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[module] = loaded
+        spec.loader.exec_module(loaded)
+    return sys.modules[module]
+
+
 def main() -> None:
     from jax_mxfp4.gpu.compiler import triton_compile
 
@@ -63,9 +83,9 @@ def main() -> None:
     os.dup2(2, 1)  # goes to stderr and cannot corrupt them
     while (request := _receive(stdin)) is not None:
         spec, target = request
-        module, name = spec.fn
+        module, name, file = spec.fn
         try:
-            fn = getattr(importlib.import_module(module), name)
+            fn = getattr(_kernel_module(module, file), name)
             _send(stdout, ("ok", triton_compile(dataclasses.replace(spec, fn=fn), target)))
         except Exception as exc:  # reported to the parent, which raises it
             _send(stdout, ("error", f"{type(exc).__name__}: {exc}"))

@@ -43,7 +43,7 @@ def _gluon_attention(case) -> np.ndarray:
     out = torch.zeros((tokens, q_heads, 128), dtype=torch.bfloat16, device=dev)
     sparse_attention.reduce_kernel[sparse_attention.reduce_grid(rows)](
         o, m, l_, out, out, G=group, GP=16, SPLITS=splits, MXFP8=False,
-        BLOCKS=sparse_attention.REDUCE_BLOCKS, num_warps=4)
+        BLOCKS=sparse_attention.REDUCE_BLOCKS, PTX=True, num_warps=4)
     bits = out.view(torch.int16).cpu().numpy().view(np.uint16)
     return bits.view(ml_dtypes.bfloat16).astype(np.float32)
 
