@@ -31,8 +31,8 @@ def test_one_row_index_rows_do_not_depend_on_the_batch(rng, q_round):
     """Single-row requests (the CUDA-core one-row tiles) over enough blocks that the whole
     batch, and the shuffled one, reach ``ONE_ROW_PAIRS_FROM`` blocks per SM (two blocks on
     ``ONE_ROW_WARPS`` warps per program) and the first 1, 8 and 32 requests do not (one
-    block on one warp): the two plans must give the same bits. (Mutation, by hand: the
-    one-warp plan's group sums in another order fail it.)"""
+    block on one warp): the two plans must give the same bits. (Mutation, run by hand on the
+    H200: one-block programs' maxima scaled by ``1 + 2**-23`` fail both cases.)"""
     from jax_mxfp4.gpu.kernels import index_scores
 
     threshold = index_scores.ONE_ROW_PAIRS_FROM * gpu_env.units()

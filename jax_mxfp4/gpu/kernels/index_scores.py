@@ -391,7 +391,7 @@ ONE_ROW_WARPS = 2
 it, where a program scores one block. Fewer warps per page mean fewer barriers and fewer
 cross-warp maxima per block, and more programs resident to hide the page loads (RESULTS,
 tenth session: 2 warps and 2 blocks 96.0 us against 100.1 at 4 and 4, 110.9 at 4 and 2,
-b32 ctx 128K; 1 warp 7.2 us against 8.7 at 2 and 10.1 at 4, b32 ctx 8K). A row's scores do
+b32 ctx 128K; 1 warp 7.2 us against 8.7 at 2 and 9.1 at 4, b32 ctx 8K). A row's scores do
 not depend on it: each thread holds the same four words of a token's scale group and the
 same four groups of a token in any of these layouts, so every sum runs in the same order
 (``tests/gpu``'s batch invariance checks it across the threshold)."""

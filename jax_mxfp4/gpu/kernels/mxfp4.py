@@ -522,8 +522,7 @@ def round_e4m3(x, SATURATES: tl.constexpr = False):
     ``cvt.rn.satfinite`` (+-448 past the range, NaN kept), so no clamp is needed. Elsewhere
     (the interpreter, ROCm) the clamp comes first, and propagates NaN (PTX's plain ``max``
     would return -448 for a NaN)."""
-    if SATURATES:
-        return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
-    clamped = tl.minimum(tl.maximum(x, -448.0, propagate_nan=PROPAGATE_NAN), 448.0,
-                         propagate_nan=PROPAGATE_NAN)
-    return clamped.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    if not SATURATES:
+        x = tl.minimum(tl.maximum(x, -448.0, propagate_nan=PROPAGATE_NAN), 448.0,
+                       propagate_nan=PROPAGATE_NAN)
+    return x.to(tl.float8e4nv, fp_downcast_rounding="rtne")
