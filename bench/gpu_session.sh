@@ -27,7 +27,7 @@ if ! $PY -c "import jax_mxfp4._ffi_gpu, jax_mxfp4.hip_kernels" 2>/dev/null; then
 fi
 $PY -m jax_mxfp4 info | tee "$OUT/info.txt"
 if [ "$MODE" = tests ]; then
-  timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_compile.py -ra \
+  timeout ${PYTEST_TIMEOUT:-450} $PY -m pytest -q -p no:cacheprovider tests/gpu tests/test_gpu_compile.py -ra ${PYTEST_ARGS:-} \
     > "$OUT/pytest.txt" 2>&1; echo "pytest rc=$?"; tail -25 "$OUT/pytest.txt"
   for step in decode decode1 prefill; do
     flag=""; [ $step = prefill ] && flag=--prefill; [ $step = decode1 ] && flag=--one-row
