@@ -79,6 +79,42 @@ def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
     return out.array
 
 
+@triton.jit
+def _scale_pow2_kernel(e_ptr, x_ptr, out_ptr, N: tl.constexpr, OFFSET: tl.constexpr):
+    i = tl.arange(0, N)
+    e, x = tl.load(e_ptr + i), tl.load(x_ptr + i)
+    tl.store(out_ptr + i, mxfp4.pow2(e))
+    tl.store(out_ptr + N + i, mxfp4.pow2_to_128(e))
+    smax = e & 0xFF
+    nan_keys = tl.where(smax == mxfp4.NAN_BYTE, float("nan"), x)
+    tl.store(out_ptr + 2 * N + i, mxfp4.mul_pow2(nan_keys, smax + OFFSET))
+    tl.store(out_ptr + 3 * N + i, mxfp4.mul_scale_pow2(x, smax, OFFSET))
+
+
+def check_scale_pow2(rng) -> None:
+    """The clamp-free powers of two the index epilogues take are :func:`mxfp4.pow2` and
+    :func:`mxfp4.mul_pow2` (NaN at the e8m0 NaN byte) bit for bit over their whole input
+    range: every exponent in
+    [-300, 128], every scale byte at both offsets the kernels use, on values from subnormal to
+    near overflow (NaN and infinities among them)."""
+    n = 1024
+    e = np.arange(-300, -300 + n, dtype=np.int32)
+    e[e > 128] = rng.integers(-300, 129, int((e > 128).sum()))
+    e[:256] = np.arange(256)  # as scale bytes: every one of them
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-140, 128, n))).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -np.inf, 0.0]
+    for offset in (-127 + 14, -127 + 6):
+        out = HostArray(np.zeros(4 * n, np.float32))
+        _scale_pow2_kernel[(1,)](HostArray(e), HostArray(x), out, N=n, OFFSET=offset)
+        pow2, capped, mul, scaled = out.array.reshape(4, n)
+        inside = e <= 128  # pow2_to_128's domain (the scale bytes above it feed smax only)
+        assert inside.sum() > 600
+        np.testing.assert_array_equal(capped[inside].view(np.uint32),
+                                      pow2[inside].view(np.uint32))
+        assert oracle.bits_equal(scaled, mul).all(), offset
+    print("ok scale_pow2")
+
+
 def check_one_row_index_scores(rng) -> None:
     """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle, at 1, 2
     and 4 blocks per program. bf16
@@ -316,6 +352,7 @@ def check_attention_classes(rng) -> None:
 def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
+    check_scale_pow2(rng)
     check_one_row_index_scores(rng)
     check_mxfp8_epilogue(rng)
     check_select_blocks(rng)

@@ -10,8 +10,10 @@ its A-operand registers hold (:data:`WORDS`), decodes them in place (``mxfp4._FP
 fp16 ``e2m1 * 2**-14``) and the query's columns are permuted to match
 (``index_tile_gluon.key_column``; the dot sums over the columns, so any order that pairs each
 query element with its key element is the same dot). A program scores up to ``BLOCKS``
-consecutive blocks of one row tile, loads the query once for them, and keeps the next block's
-page in flight while it scores one.
+consecutive blocks of one row tile, loads the query once for them, keeps the next block's
+page in flight while it scores one, and keeps each warp's row maxima of every block in shared
+memory (:func:`_warp_maxima`), taking the maximum across the warps once for all the blocks
+(:func:`_store_slots`) instead of once, with its barriers, per block.
 
 Scores are those of the group-dot tilings (SPEC §4, §5, §15.3, §15.18): per scale group two
 ``K = 16`` dots (low, then high nibbles), each group's sum rescaled by ``2**(s_g - smax)``;
@@ -42,6 +44,7 @@ WARPS = 4
 """Warps per program: warp ``w`` holds tokens ``16w .. 16w + 15`` and ``64 + 16w ..`` of a
 page (the M tiles of its two MMAs per K step). Eight warps measured slower (RESULTS)."""
 
+TILE_WARPS = gl.constexpr(WARPS)
 MAX_DOT_ROWS = gl.constexpr(8)
 """The MMA's N: the dot rows (query rows times heads) a tile holds at most."""
 
@@ -57,6 +60,20 @@ tokens ``lane // 4 + {0, 8, 64, 72} + 16 * warp``, the rows its A-operand regist
 (``mma.sync``'s A fragment: rows ``lane // 4`` and ``+ 8`` of each 16-row tile). Words, not
 bytes, are what the walk carries to the next block: a loop carrying bytes holds each in a
 register of its own and packs them again for the decode."""
+SLOTS = gl.constexpr(8)
+"""Blocks a program keeps its warps' maxima of in shared memory (:func:`_warp_maxima`), to
+take the maximum across warps once for all of them instead of once (two barriers) per block:
+``ROWS_TILE_BLOCKS_MAX``; a longer walk (a grid past 65535 programs) reduces per block."""
+STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                               order=[1, 0]))
+"""A slot ``[WARPS, 8]`` of the slots, unswizzled: the slots are row-major
+``[SLOTS, WARPS, 8]``, as :data:`STAGED` reads them back whole."""
+STAGED = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                              order=[2, 1, 0]))
+GATHER = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, WARPS, 1], threads_per_warp=[4, 1, 8],
+                                       warps_per_cta=[WARPS, 1, 1], order=[2, 1, 0]))
+"""The slots ``[SLOTS, WARPS, 8]`` read back with every warp's maximum of a (block, row) in
+one thread, which takes them in warp order."""
 CODES = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [8, 0], [64, 0]],
     lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
@@ -156,29 +173,63 @@ def _group_dot(words, q_lo, q_hi, zero):
 
 
 @gluon.jit
-def _page_maxima(page, qs, j, pos, sel, low):
-    """Max logit of each selected dot row over block ``j``'s tokens from its loaded page
-    (:func:`_page_loads`): ``f32 [8]``, -inf for the other rows and where the page is not
-    scored. ``low``: the smallest position of the selected rows; a block below it is seen
-    whole by every one of them, so it takes no token mask."""
-    c0, c1, c2, c3, scales, ok = page
+def _page_logits(page, qs, j, pos, low):
+    """Logits ``f32 [128 tok, 8 rows]`` of block ``j``'s tokens from its loaded page
+    (:func:`_page_loads`), -inf where a row does not see the token. ``low``: the smallest
+    position of the selected rows; a block below it is seen whole by every one of them, so it
+    takes no token mask."""
+    c0, c1, c2, c3, scales, _ = page
     zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
     s0, s1 = mxfp4.scale_byte(scales, 0), mxfp4.scale_byte(scales, 1)
     s2, s3 = mxfp4.scale_byte(scales, 2), mxfp4.scale_byte(scales, 3)
     smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
-    dots = _group_dot(c0, qs[0], qs[1], zero) * mxfp4.pow2(s0 - smax)[:, None]
-    dots += _group_dot(c1, qs[2], qs[3], zero) * mxfp4.pow2(s1 - smax)[:, None]
-    dots += _group_dot(c2, qs[4], qs[5], zero) * mxfp4.pow2(s2 - smax)[:, None]
-    dots += _group_dot(c3, qs[6], qs[7], zero) * mxfp4.pow2(s3 - smax)[:, None]
-    dots = gl.where((smax == mxfp4.NAN_BYTE)[:, None], float("nan"), dots)
-    logits = _poison_infinite(mxfp4.mul_pow2(dots, (smax - 127 + 14)[:, None]))
-    if j * 128 + 127 <= low:
-        best = gl.reduce(logits, 0, _max_nan)
-    else:
+    dots = _group_dot(c0, qs[0], qs[1], zero) * mxfp4.pow2_to_128(s0 - smax)[:, None]
+    dots += _group_dot(c1, qs[2], qs[3], zero) * mxfp4.pow2_to_128(s1 - smax)[:, None]
+    dots += _group_dot(c2, qs[4], qs[5], zero) * mxfp4.pow2_to_128(s2 - smax)[:, None]
+    dots += _group_dot(c3, qs[6], qs[7], zero) * mxfp4.pow2_to_128(s3 - smax)[:, None]
+    logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, smax[:, None], -127 + 14))
+    if j * 128 + 127 > low:
         tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
-        best = gl.reduce(gl.where(tok[:, None] <= pos[None, :], logits, float("-inf")), 0,
-                         _max_nan)
-    return gl.where(sel & ok, best, float("-inf"))
+        logits = gl.where(tok[:, None] <= pos[None, :], logits, float("-inf"))
+    return logits
+
+
+@gluon.jit
+def _page_maxima(page, qs, j, pos, sel, low):
+    """Max logit of each selected dot row over block ``j``'s tokens (:func:`_page_logits`):
+    ``f32 [8]``, -inf for the other rows and where the page is not scored."""
+    best = gl.reduce(_page_logits(page, qs, j, pos, low), 0, _max_nan)
+    return gl.where(sel & page[5], best, float("-inf"))
+
+
+@gluon.jit
+def _warp_maxima(page, qs, j, pos, low):
+    """Each warp's max logit of each dot row over its 32 of block ``j``'s tokens: ``f32
+    [WARPS, 8]``, -inf where the page is not scored. No data crosses warps: a token's row of
+    the accumulator is ``64 a + 16 w + c`` (``a``: register, ``w``: warp, ``c``: lane and
+    register), so the reshape moves nothing and the reductions stay in the warp."""
+    logits = gl.reshape(_page_logits(page, qs, j, pos, low), [2, TILE_WARPS, 16, MAX_DOT_ROWS])
+    best = gl.reduce(gl.reduce(logits, 2, _max_nan), 0, _max_nan)
+    return gl.where(page[5], best, float("-inf"))
+
+
+@gluon.jit
+def _store_slots(slots, out, first, NB, BLOCKS: gl.constexpr, live, row_ok, score_scale):
+    """Blocks ``first ..`` (``BLOCKS``, at most :data:`SLOTS`) from the warps' maxima in
+    ``slots`` (``f32 [SLOTS, WARPS, 8]`` shared): each row's maximum over the warps, in warp
+    order, -inf for rows not live, stored where the block exists."""
+    gl.thread_barrier()
+    whole = slots._reinterpret(gl.float32, [SLOTS, TILE_WARPS, MAX_DOT_ROWS], STAGED)
+    best = gl.reduce(whole.load(GATHER), 1, _max_nan)  # [SLOTS, 8]
+    slot_layout: gl.constexpr = gl.SliceLayout(1, GATHER)
+    rows: gl.constexpr = gl.SliceLayout(0, slot_layout)
+    slot = gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
+    j = first + slot
+    live = gl.convert_layout(live, rows)
+    best = gl.where(live[None, :], best, float("-inf"))
+    out = gl.convert_layout(out, rows)
+    ok = gl.convert_layout(row_ok, rows)[None, :] & ((slot < BLOCKS) & (j < NB))[:, None]
+    gl.store(out[None, :] + j[:, None], best * score_scale, mask=ok)
 
 
 @gluon.jit
@@ -198,7 +249,17 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
     req_hi = gl.max(gl.where(live, req, -1), axis=0)
     out = out_ptr + head.to(gl.int64) * T * NB + row.to(gl.int64) * NB
     first = gl.program_id(1) * BLOCKS
-    if req_lo == req_hi:  # rows are request-major: one request's pages, the next in flight
+    if (req_lo == req_hi) and (BLOCKS <= SLOTS):  # request-major rows: one request's pages
+        reach, low = _row_span(live, pos)
+        slots = gl.allocate_shared_memory(gl.float32, [SLOTS, TILE_WARPS, MAX_DOT_ROWS], STAGING)
+        page = _page_loads(pool_ptr, table_ptr, req_lo, reach, first, NB, W, P)
+        for jj in range(BLOCKS):  # the next page in flight while one is scored
+            after = gl.where(jj + 1 < BLOCKS, first + jj + 1, NB)  # NB: nothing loaded
+            following = _page_loads(pool_ptr, table_ptr, req_lo, reach, after, NB, W, P)
+            slots.index(jj).store(_warp_maxima(page, qs, first + jj, pos, low))
+            page = following
+        _store_slots(slots, out, first, NB, BLOCKS, live, row_ok, score_scale)
+    elif req_lo == req_hi:  # the same, more blocks than slots: each block's maxima in turn
         reach, low = _row_span(live, pos)
         page = _page_loads(pool_ptr, table_ptr, req_lo, reach, first, NB, W, P)
         for jj in range(BLOCKS):

@@ -69,6 +69,34 @@ def mul_pow2(x, e):
 
 
 @triton.jit
+def pow2_to_128(e):
+    """:func:`pow2` for int32 ``e <= 128`` (0 below 2**-126): its upper clamp cannot bind
+    there, which the compiler cannot know (one integer instruction less)."""
+    return ((tl.maximum(e, -127) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_pow2_factors(smax, OFFSET: tl.constexpr):
+    """:func:`pow2_factors` of ``smax + OFFSET`` for int32 scale bytes ``smax`` in [0, 255]
+    and ``-126 <= OFFSET < 0``, the first NaN where ``smax`` is the e8m0 NaN: ``2**min(e,
+    127)`` and ``2**max(e - 127, 0)`` without the clamps that cannot bind in that range, and
+    the NaN keys' rule in the factor instead of a select per logit."""
+    tl.static_assert((OFFSET >= -126) and (OFFSET < 0))
+    e = smax + OFFSET
+    first = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)
+    second = (tl.maximum(e, 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(smax == NAN_BYTE, float("nan"), first), second
+
+
+@triton.jit
+def mul_scale_pow2(x, smax, OFFSET: tl.constexpr):
+    """:func:`mul_pow2` ``(x, smax + OFFSET)`` by :func:`scale_pow2_factors`: the same
+    product, NaN where ``smax`` is the e8m0 NaN."""
+    first, second = scale_pow2_factors(smax, OFFSET)
+    return x * first * second
+
+
+@triton.jit
 def nibble_e4m3(codes):
     """e4m3 bits (uint8) of ``e2m1(code) * 2**-6`` for the low 4 bits of each of ``codes``."""
     return ((codes & 7) << 2) | ((codes & 8) << 4)
@@ -247,7 +275,7 @@ def row_logits(q, words, scales, PTX: tl.constexpr):
     per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
     smax = tl.max(scales, axis=1)
     # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
-    dots = tl.sum(per_group * pow2(scales - smax[:, None] + 8), axis=1)
+    dots = tl.sum(per_group * pow2_to_128(scales - smax[:, None] + 8), axis=1)
     return tl.where(smax == NAN_BYTE, float("nan"), dots), smax - 127 + 6
 
 
