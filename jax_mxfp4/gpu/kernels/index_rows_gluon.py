@@ -63,7 +63,8 @@ register of its own and packs them again for the decode."""
 SLOTS = gl.constexpr(8)
 """Blocks a program keeps its warps' maxima of in shared memory (:func:`_warp_maxima`), to
 take the maximum across warps once for all of them instead of once (two barriers) per block:
-``ROWS_TILE_BLOCKS_MAX``; a longer walk (a grid past 65535 programs) reduces per block."""
+``ROWS_TILE_BLOCKS_MAX``. A longer walk (a grid past 65535 programs, over 524280 blocks a
+row) takes the ragged batch's walk, which reduces per block."""
 STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                order=[1, 0]))
 """A slot ``[WARPS, 8]`` of the slots, unswizzled: the slots are row-major
@@ -259,17 +260,8 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
             slots.index(jj).store(_warp_maxima(page, qs, first + jj, pos, low))
             page = following
         _store_slots(slots, out, first, NB, BLOCKS, live, row_ok, score_scale)
-    elif req_lo == req_hi:  # the same, more blocks than slots: each block's maxima in turn
-        reach, low = _row_span(live, pos)
-        page = _page_loads(pool_ptr, table_ptr, req_lo, reach, first, NB, W, P)
-        for jj in range(BLOCKS):
-            j = first + jj
-            after = gl.where(jj + 1 < BLOCKS, j + 1, NB)  # NB: past the end, nothing loaded
-            following = _page_loads(pool_ptr, table_ptr, req_lo, reach, after, NB, W, P)
-            best = _page_maxima(page, qs, j, pos, live, low)
-            gl.store(out + j, best * score_scale, mask=row_ok & (j < NB))
-            page = following
-    else:  # rows of several requests (a ragged batch): each request's page in turn
+    else:  # rows of several requests (a ragged batch; or more blocks than slots, past 524280
+        # blocks a row): each request's page in turn, each block's maxima stored at once
         for jj in range(BLOCKS):
             j = first + jj
             best = gl.full((MAX_DOT_ROWS,), float("-inf"), gl.float32, layout=rows_layout)

@@ -133,10 +133,9 @@ def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
 @triton.jit
 def _row_block_max(q_row, words, scales, ok, pos0, j, PTX: tl.constexpr):
     """Row 0's max logit over block ``j`` from its loaded page (-inf where not ``ok``)."""
-    dots, expo = mxfp4.row_logits(q_row, words, scales, PTX)
+    dots, smax = mxfp4.row_logits(q_row, words, scales, PTX)
     tok = j * 128 + tl.arange(0, 128)
-    # expo is the largest scale byte minus 121 (row_logits)
-    logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, expo + 121, -121))
+    logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, smax, mxfp4.ROW_OFFSET))
     row_max = tl.reduce(tl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
     return tl.where(ok, row_max, float("-inf"))
 

@@ -76,24 +76,16 @@ def pow2_to_128(e):
 
 
 @triton.jit
-def scale_pow2_factors(smax, OFFSET: tl.constexpr):
-    """:func:`pow2_factors` of ``smax + OFFSET`` for int32 scale bytes ``smax`` in [0, 255]
-    and ``-126 <= OFFSET < 0``, the first NaN where ``smax`` is the e8m0 NaN: ``2**min(e,
-    127)`` and ``2**max(e - 127, 0)`` without the clamps that cannot bind in that range, and
-    the NaN keys' rule in the factor instead of a select per logit."""
+def mul_scale_pow2(x, smax, OFFSET: tl.constexpr):
+    """:func:`mul_pow2` ``(x, smax + OFFSET)`` for int32 scale bytes ``smax`` in [0, 255] and
+    ``-126 <= OFFSET < 0``, NaN where ``smax`` is the e8m0 NaN: the same two factors,
+    ``2**min(e, 127)`` and ``2**max(e - 127, 0)``, without the clamps that cannot bind in that
+    range, and the NaN keys' rule in the first factor instead of a select per logit."""
     tl.static_assert((OFFSET >= -126) and (OFFSET < 0))
     e = smax + OFFSET
     first = ((tl.minimum(e, 127) + 127) << 23).to(tl.float32, bitcast=True)
     second = (tl.maximum(e, 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(smax == NAN_BYTE, float("nan"), first), second
-
-
-@triton.jit
-def mul_scale_pow2(x, smax, OFFSET: tl.constexpr):
-    """:func:`mul_pow2` ``(x, smax + OFFSET)`` by :func:`scale_pow2_factors`: the same
-    product, NaN where ``smax`` is the e8m0 NaN."""
-    first, second = scale_pow2_factors(smax, OFFSET)
-    return x * first * second
+    return x * tl.where(smax == NAN_BYTE, float("nan"), first) * second
 
 
 @triton.jit
@@ -255,14 +247,20 @@ def row_words(page_ptr, ok):
                    + tl.arange(0, 16)[None, :], mask=ok, other=0)
 
 
+ROW_OFFSET = tl.constexpr(-127 + 6)
+"""A one-row dot's exponent minus its token's largest scale byte (:func:`row_logits`): the
+e8m0 bias and the e4m3 encoding's ``2**-6`` of an e2m1 value."""
+
+
 @triton.jit
 def row_logits(q, words, scales, PTX: tl.constexpr):
     """Relative logits of one query row over every token of a page, on the CUDA cores (a
-    single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], exponent int32
-    [128])`` as :func:`page_logits`, from the page's :func:`row_words` and
-    :func:`row_scales`. ``q``: the row's values as eight ``f32 [16]``, ``q[j][w]`` the element
-    ``8w + WORD_ORDER[j]``, e4m3- or bf16-exact, so every product is exact. Words are decoded
-    by :func:`word_values`."""
+    single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], smax int32 [128])``,
+    each token's dots relative to its largest scale byte ``smax``; its logits are
+    ``mul_scale_pow2(dots, smax, ROW_OFFSET)`` (NaN where ``smax`` is the e8m0 NaN). From the
+    page's :func:`row_words` and :func:`row_scales`. ``q``: the row's values as eight ``f32
+    [16]``, ``q[j][w]`` the element ``8w + WORD_ORDER[j]``, e4m3- or bf16-exact, so every
+    product is exact. Words are decoded by :func:`word_values`."""
     v0, v1, v2, v3, v4, v5, v6, v7 = word_values(words, PTX)
     per_word = v0 * q[0][None, :]  # [128, 16], one fused multiply-add per element after it
     per_word += v1 * q[1][None, :]
@@ -274,9 +272,8 @@ def row_logits(q, words, scales, PTX: tl.constexpr):
     per_word += v7 * q[7][None, :]
     per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
     smax = tl.max(scales, axis=1)
-    # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that the exponent assumes.
-    dots = tl.sum(per_group * pow2_to_128(scales - smax[:, None] + 8), axis=1)
-    return tl.where(smax == NAN_BYTE, float("nan"), dots), smax - 127 + 6
+    # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that ROW_OFFSET assumes.
+    return tl.sum(per_group * pow2_to_128(scales - smax[:, None] + 8), axis=1), smax
 
 
 @triton.jit
