@@ -190,6 +190,10 @@ def test_prefill_index_tiles_fold_the_keys_without_spilling():
         resources, ops = sass_stats.profile(kernel)
         assert int(resources.get("STACK", 0)) == 0 and int(resources.get("LOCAL", 0)) == 0
         assert ops["HGMMA"] > 0 and not any(op.startswith("LDL") for op in ops), ops
+        # on sm_90 the Gluon tile: three programs per SM in registers and shared memory
+        assert kernel.symbol == "index_prefill_kernel", kernel.symbol
+        assert int(resources["REG"]) <= index_scores.PREFILL_TILE_REGISTERS
+        assert 3 * kernel.shared_mem <= 227 * 1024, kernel.shared_mem
 
 
 CROSS_ARCH_SCRIPT = """

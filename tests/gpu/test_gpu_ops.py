@@ -119,8 +119,8 @@ def _index(case, q_round="e4m3", kernels="auto"):
 
 # Index tilings: "decode" (S = 4, H = 2: 8 dot rows): the Gluon rows tile, and under
 # cuda_kernels="triton" ("decode-triton") a 16-row Triton tile; "decode1" (S = 1, H = 1): one
-# row per tile, scored on the CUDA cores; "prefill": 128-row tensor-core tiles (64 rows x 2
-# heads) on folded keys.
+# row per tile, scored on the CUDA cores; "prefill": folded keys on the sm_90 Gluon prefill
+# tile (64 dot rows: 32 rows x 2 heads, warpgroup MMAs).
 @pytest.mark.parametrize("shape", ["decode", "decode-triton", "decode1", "prefill"])
 def test_index_scores_exact_data(rng, shape):
     """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""
@@ -148,6 +148,20 @@ def _force_blocks(monkeypatch, blocks: int) -> None:
     monkeypatch.setattr(index_scores, "plan", forced)
 
 
+def _force_prefill_blocks(monkeypatch, blocks: int) -> None:
+    """Make ``index_scores.prefill_tile_plan`` (the Gluon prefill tile's, which e4m3 dots on
+    sm_90 take) give every program ``blocks`` blocks."""
+    from jax_mxfp4.gpu.kernels import index_scores
+
+    planned = index_scores.prefill_tile_plan
+
+    def forced(num_rows, num_heads, num_requests, num_blocks, num_sms):
+        rows, _, grid = planned(num_rows, num_heads, num_requests, num_blocks, num_sms)
+        return rows, blocks, (grid[0], -(-num_blocks // blocks), 1)
+
+    monkeypatch.setattr(index_scores, "prefill_tile_plan", forced)
+
+
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 @pytest.mark.parametrize("shape", ["decode", "decode4", "ragged", "decode1", "decode1-long",
                                    "prefill", "prefill64", "prefill-3-blocks"])
@@ -163,13 +177,14 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     program has one block past the end. prefill-3-blocks: the prefill case with three blocks
     per program (the prefetching walk of a prefill tile: each block scored from its own page,
     the last program's blocks past the end not scored; these small grids plan one block per
-    program). prefill / prefill64: folded keys on 128- and 64-row
-    tiles (bf16 queries kept as bf16: bf16 dots); the first request's rows straddle block 0's
-    end, so a tile's last row sees block 0 whole and its first rows do not (the whole-block
-    shortcut must not fire). prefill64's scale bytes are 60..70 under garbage tails with byte
-    255: the page's exponent must come from its live tokens alone. (On the H200: the shortcut
-    taken whenever the last row sees the block fails both prefill shapes; the exponent taken
-    over every token fails prefill64.)"""
+    program). prefill / prefill64: folded keys on the Triton tile's 128- and 64-row tiles (bf16
+    queries kept as bf16: bf16 dots) and the Gluon prefill tile's 64 rows (e4m3 rounding; its
+    tiles across requests take each request's page in turn); the first request's rows straddle
+    block 0's end, so a tile's last row sees block 0 whole and its first rows do not (the whole-
+    block shortcut must not fire). prefill64's scale bytes are 60..70 under garbage tails with
+    byte 255: the page's exponent must come from its live tokens alone. (On the H200: the
+    shortcut taken whenever the last row sees the block fails both prefill shapes; the exponent
+    taken over every token fails prefill64.)"""
     kw = dict(num_heads=1 if shape != "decode" else 4, num_blocks=5, table_width=6,
               num_pages=40, scale_lo=110, scale_hi=140)
     if shape == "decode":
@@ -196,6 +211,7 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
         case = prefill_index_case(rng, [100, 3, 60], [64, 500, 0], num_rows=200, **kw)
         if shape == "prefill-3-blocks":
             _force_blocks(monkeypatch, 3)
+            _force_prefill_blocks(monkeypatch, 3)
     if shape in ("decode4", "ragged"):
         from jax_mxfp4.gpu.kernels import index_scores
 

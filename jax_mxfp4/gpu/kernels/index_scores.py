@@ -13,7 +13,9 @@ The tiling (decode-shaped: few rows per request, one block per program, group do
 row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
 static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
-``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M).
+``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
+sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (64-row
+warpgroup-MMA tiles, three programs per SM).
 """
 
 from __future__ import annotations
@@ -425,7 +427,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     loading each block's page while the one before is scored, while the grid keeps two waves.
     16-row tiles are capped at :data:`DECODE_TILE_REGISTERS` registers per thread. (On CUDA,
     tiles of 2 to 8 dot rows take ``index_rows_gluon`` by default instead: :func:`_rows_tile`,
-    with :func:`rows_tile_blocks` blocks per program.)
+    with :func:`rows_tile_blocks` blocks per program; on sm_90, prefill tiles of fp16 dots
+    take ``index_prefill_gluon``: :func:`_prefill_tile`, :func:`prefill_tile_plan`.)
     The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
@@ -479,6 +482,8 @@ def kernel_name(call) -> str:
                   call.target.units, foldable=dot != "fp8")
     if _gluon_tile(call, layout, dot, num_blocks):
         return f"index_tile_kernel[{dot} dots]"
+    if _prefill_tile(call, layout, dot):
+        return f"index_prefill_kernel[{dot} dots]"
     if _rows_tile(call, layout, dot):
         return f"index_rows_kernel[{dot} dots]"
     return f"index_scores_kernel[{dot} dots]"
@@ -500,6 +505,66 @@ def _rows_tile(call, layout: Plan, dot: str) -> bool:
     heads = call.avals_in[0].shape[1]
     return (call.config.cuda_kernels == "auto" and triton_call.gluon_runs(call)
             and dot == "fp16" and 2 <= layout.rows * heads <= 8)
+
+
+def _prefill_tile(call, layout: Plan, dot: str) -> bool:
+    """Whether the call takes ``index_prefill_gluon.index_prefill_kernel`` (64-row tiles,
+    warpgroup MMAs on shared-memory operands, three programs per SM): by default
+    (``cuda_kernels="auto"``), prefill-shaped tiles (those the Triton kernel folds) of fp16
+    dots on CUDA sm_90 and later (``wgmma``)."""
+    arch = call.target.arch
+    return (call.config.cuda_kernels == "auto" and triton_call.gluon_runs(call)
+            and int(arch) >= 90 and dot == "fp16" and layout.fold)
+
+
+PREFILL_TILE_BLOCKS_MAX = 8
+"""Blocks per ``index_prefill_kernel`` program at most (its query tile loaded once for them,
+the next page in flight), as for the Triton prefill tile (:data:`TILE_BLOCKS_MAX`)."""
+
+
+PREFILL_TILE_REGISTERS = 168
+"""Registers per thread of an ``index_prefill_kernel`` program at most: three programs (12
+warps) per SM. Uncapped, the compiler takes 227, computing the rows' token masks while the
+dots run, and leaves one program per SM; a cap of 128 (four programs, 88 bytes spilled)
+measured 1.08-1.16x slower (RESULTS, twelfth session)."""
+
+
+PREFILL_GRID_PROGRAMS_PER_SM = 6
+"""Programs per SM the prefill tile's grid keeps at least (two waves of three resident), by
+taking fewer blocks per program on small grids (RESULTS, twelfth session: 41.4 against 46.1
+us at b1 q4096 ctx 8K with 2; the large cells, 8 blocks either way, unchanged)."""
+
+
+def prefill_tile_plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
+                      num_sms: int) -> tuple[int, int, tuple[int, int, int]]:
+    """``(rows per tile, blocks per program, grid)`` of ``index_prefill_kernel``: 64 dot rows
+    a tile (:data:`index_prefill_gluon.TILE_ROWS`), rows following rows per request as in
+    :func:`plan`; blocks per program up to :data:`PREFILL_TILE_BLOCKS_MAX` while the grid
+    keeps :data:`PREFILL_GRID_PROGRAMS_PER_SM` programs per SM, and enough to keep the grid's
+    y within 65535. A block's scores do not depend on either."""
+    from jax_mxfp4.gpu.kernels import index_prefill_gluon
+
+    per_request = max(1, num_rows // max(1, num_requests))
+    rows = min(triton.next_power_of_2(per_request),
+               max(1, index_prefill_gluon.TILE_ROWS // num_heads))
+    row_tiles = triton.cdiv(max(num_rows, 1), rows)
+    blocks = max(1, min(PREFILL_TILE_BLOCKS_MAX, num_blocks,
+                        (row_tiles * num_blocks) // (PREFILL_GRID_PROGRAMS_PER_SM * num_sms)))
+    blocks = max(blocks, triton.cdiv(num_blocks, 65535))
+    return rows, blocks, (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
+
+
+def _prefill_tile_launch(call, scalars: dict, constants: dict):
+    """``index_prefill_gluon.index_prefill_kernel`` on :func:`prefill_tile_plan`'s tiles."""
+    from jax_mxfp4.gpu.kernels import index_prefill_gluon
+
+    q_aval, _, table_aval = call.avals_in[:3]
+    rows, blocks, grid = prefill_tile_plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0],
+                                           call.params["num_blocks"], call.target.units)
+    return _launch(call, index_prefill_gluon.index_prefill_kernel, grid, scalars,
+                   {"H": constants["H"], "ROWS": rows, "BLOCKS": blocks,
+                    "ROUND_Q": constants["ROUND_Q"]}, index_prefill_gluon.WARPS,
+                   PREFILL_TILE_REGISTERS)
 
 
 ROWS_TILE_BLOCKS_MAX = 8
@@ -573,6 +638,8 @@ def lower(ctx, call, q, pool, table, positions, requests):
     if _gluon_tile(call, layout, dot, num_blocks):
         grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
         launch = _gluon_tile_launch(call, grid, scalars, constants)
+    elif _prefill_tile(call, layout, dot) and not empty:
+        launch = _prefill_tile_launch(call, scalars, constants)
     elif _rows_tile(call, layout, dot) and not empty:
         launch = _rows_tile_launch(call, layout, num_blocks, scalars, constants)
     else:
