@@ -22,7 +22,6 @@ bf16 dots of ``q_round="none"`` keep the Triton tile.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -33,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.gpu.kernels.index_rows_gluon import word_bytes
 from jax_mxfp4.gpu.kernels.index_scores import (
     _block_page,
     _max_nan,
@@ -113,11 +113,6 @@ def _page_loads(page_ptr, ok):
     return codes, scale_words, group_bytes
 
 
-@triton.jit
-def _page_span_combine(ref_a, low_a, nan_a, ref_b, low_b, nan_b):
-    return tl.maximum(ref_a, ref_b), tl.minimum(low_a, low_b), tl.minimum(nan_a, nan_b)
-
-
 @gluon.jit
 def _page_span(scale_words, reach, j):
     """``folded_page_logits``' reduction: the page's reference byte (the largest scale byte of
@@ -132,19 +127,8 @@ def _page_span(scale_words, reach, j):
     live = (j * 128 + tok <= reach) & ~nan_keys
     ref, shallowest, first_nan = gl.reduce(
         (gl.where(live, largest, 0), gl.where(live, smallest, mxfp4.NAN_BYTE),
-         gl.where(nan_keys, tok, 2**30)), 0, _page_span_combine)
+         gl.where(nan_keys, tok, 2**30)), 0, mxfp4._page_span)
     return ref, gl.maximum(ref - shallowest, 0), first_nan
-
-
-@triton.jit
-def _word_bytes(words):
-    """Code words ``uint32 [N, G, 4]`` -> their bytes ``uint8 [N, G, 16]`` in page order (byte
-    ``4 c + b`` is byte ``b`` of word ``c``): the split and the decode's packing of four bytes
-    into one register fold away."""
-    b0, b1 = (words & 0xFF).to(tl.uint8), ((words >> 8) & 0xFF).to(tl.uint8)
-    b2, b3 = ((words >> 16) & 0xFF).to(tl.uint8), (words >> 24).to(tl.uint8)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)),
-                      (words.shape[0], words.shape[1], 16))
 
 
 @gluon.jit
@@ -156,7 +140,8 @@ def _store_keys(keys_smem, codes, group_bytes, ref, band):
     shift = mxfp4.FOLD_SHIFT - (ref - group_bytes.to(gl.int32)) + band * mxfp4.FOLD_BAND
     inside = (shift <= mxfp4.FOLD_SHIFT) & (shift > mxfp4.FOLD_SHIFT - mxfp4.FOLD_BAND)
     factor = gl.where(inside, mxfp4.pow2(shift), 0.0).to(gl.float16)
-    raw = gl.convert_layout(_word_bytes(codes), CODES)
+    raw = gl.convert_layout(gl.reshape(word_bytes(gl.reshape(codes, [512, 4])), [128, 4, 16]),
+                           CODES)
     factor = gl.broadcast(gl.convert_layout(factor, gl.SliceLayout(2, CODES))[:, :, None], raw)[0]
     lo, hi = gl.inline_asm_elementwise(_FOLDED_FP16, "=r,=r,=r,=r,r,r,r", [raw, factor],
                                        dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
