@@ -10,7 +10,7 @@ tile, and three programs fit on an SM, so one program's dots run while the other
 their next page or take their rows' maxima.
 
 Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §5, §15.3,
-§15.18; ``index_scores._folded_maxima``, ``mxfp4.folded_page_logits``): the page's reference
+§15.18; ``index_scores.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's reference
 byte is the largest scale byte of the tokens any row reaches (NaN-key tokens set none); each
 group ``depth`` binades below it enters the dot as ``e2m1 * 2**(9 - depth)`` in fp16 (exact
 for depths 0..31), deeper groups in further bands of 32 binades, deepest first, the running
@@ -35,9 +35,8 @@ from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.gpu.kernels.index_rows_gluon import word_bytes
 from jax_mxfp4.gpu.kernels.index_scores import (
     _block_page,
-    _max_nan,
-    _overflows,
     _row_span,
+    folded_row_maxima,
     tile_rows,
 )
 
@@ -169,22 +168,14 @@ def _page_dots(q_smem, keys_smem, codes, group_bytes, ref, bands):
 @gluon.jit
 def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
     """Max logit of each dot row ``sel`` selects over block ``j``'s tokens from its loaded
-    page (``index_scores._folded_maxima``): f32 [64], -inf for the other rows."""
+    page (``index_scores.folded_row_maxima``): f32 [64], -inf for the other rows."""
     codes, scale_words, group_bytes = page
     ref, deepest, first_nan = _page_span(scale_words, reach, j)
     expo = ref - 127 + 6 - mxfp4.FOLD_SHIFT
     dots = _page_dots(q_smem, keys_smem, codes, group_bytes, ref, deepest // mxfp4.FOLD_BAND + 1)
     tok = j * 128 + gl.arange(0, 128, layout=TOKEN_SLICE)
-    if j * 128 + 127 <= low:
-        best = gl.reduce(dots, 1, _max_nan)
-    else:
-        seen = sel[:, None] & (tok[None, :] <= pos[:, None])
-        best = gl.reduce(gl.where(seen, dots, float("-inf")), 1, _max_nan)
-    poisoned = pos >= j * 128 + first_nan
-    if expo > 0:  # e4m3-exact queries: |dots| <= 128 * 448 * 6 * 2**9, finite below it
-        poisoned |= _overflows(dots, sel, pos, tok, expo)
-    best = gl.where(poisoned, float("nan"), best)
-    return gl.where(sel, mxfp4.mul_pow2(best, expo), float("-inf"))
+    return folded_row_maxima(dots, expo, j * 128 + first_nan, sel, pos, tok,
+                             j * 128 + 127 <= low, True)
 
 
 @gluon.jit

@@ -195,25 +195,35 @@ def _masked_maxima(logits, sel, pos, tok):
 
 @triton.jit
 def _folded_maxima(q, codes, scales, sel, pos, j, reach, low):
-    """Max logits of the selected rows over one page with folded keys: on the relative logits,
-    scaled once per row; a block every selected row sees whole needs no per-token mask. What
-    makes a row NaN (SPEC §15.18) is found per row, not per element: a NaN dot (a NaN query) in
-    the NaN-propagating maximum, a NaN key token the row sees from the first such token's
-    index, a logit that is not finite from the row's largest ``|dot|`` once scaled. That last
-    check runs only where a logit can be infinite: always for bf16 queries, and for e4m3
-    ones (``|dots| <= 128 * 448 * 6 * 2**9``) only on a page whose exponent is above 0.
-    ``reach`` and ``low``: the largest and the smallest position of the selected rows (the
-    same for every block of a tile: :func:`_row_span`), so the whole-block test of block
-    ``j`` takes no reduction."""
+    """Max logits of the selected rows over one page with folded keys
+    (:func:`mxfp4.folded_page_logits`, then :func:`folded_row_maxima`: what makes a row NaN,
+    SPEC §15.18, is found per row, not per element). ``reach`` and ``low``: the largest and
+    the smallest position of the selected rows (the same for every block of a tile:
+    :func:`_row_span`), so the whole-block test of block ``j`` takes no reduction."""
     tok = j * 128 + tl.arange(0, 128)
     dots, expo, first_nan = mxfp4.folded_page_logits(q, codes, scales, tok <= reach)
-    if j * 128 + 127 <= low:
+    return folded_row_maxima(dots, expo, j * 128 + first_nan, sel, pos, tok,
+                             j * 128 + 127 <= low, q.dtype == tl.float16)
+
+
+@triton.jit
+def folded_row_maxima(dots, expo, first_nan_tok, sel, pos, tok, whole,
+                      FINITE_DOTS: tl.constexpr):
+    """Max logits ``f32 [M]`` of the selected rows from a page's relative dots ``f32 [M, 128]``
+    (``logit = dots * 2**expo``; ``tok [128]``: the tokens' positions), -inf for the other
+    rows: the maximum on the relative dots, scaled once. ``whole``: every selected row sees
+    the block whole (no token mask). NaN for a row that sees ``first_nan_tok`` (the page's
+    first NaN-key token) or a NaN dot, or whose largest ``|logit|`` overflows; that check
+    runs only where it can: always unless ``FINITE_DOTS`` (e4m3-exact queries, ``|dots| <=
+    128 * 448 * 6 * 2**9``), then only for ``expo > 0``. Shared by the Triton and the Gluon
+    prefill tiles."""
+    if whole:
         best = tl.reduce(dots, 1, _max_nan)
     else:
         seen = sel[:, None] & (tok[None, :] <= pos[:, None])
         best = tl.reduce(tl.where(seen, dots, float("-inf")), 1, _max_nan)
-    poisoned = pos >= j * 128 + first_nan
-    if q.dtype == tl.float16:  # e4m3-exact queries: finite dots
+    poisoned = pos >= first_nan_tok
+    if FINITE_DOTS:
         if expo > 0:
             poisoned |= _overflows(dots, sel, pos, tok, expo)
     else:
