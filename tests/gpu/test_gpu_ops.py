@@ -120,7 +120,7 @@ def _index(case, q_round="e4m3", kernels="auto"):
 # Index tilings: "decode" (S = 4, H = 2: 8 dot rows): the Gluon rows tile, and under
 # cuda_kernels="triton" ("decode-triton") a 16-row Triton tile; "decode1" (S = 1, H = 1): one
 # row per tile, scored on the CUDA cores; "prefill": folded keys on the sm_90 Gluon prefill
-# tile (64 dot rows: 32 rows x 2 heads, warpgroup MMAs).
+# tile (128 dot rows a tile, two warpgroups' MMAs; here 32 rows x 2 heads: 64 of them live).
 @pytest.mark.parametrize("shape", ["decode", "decode-triton", "decode1", "prefill"])
 def test_index_scores_exact_data(rng, shape):
     """e4m3 queries, one scale byte per token: every product and sum is exact -> bit equal."""
@@ -164,8 +164,9 @@ def _force_prefill_blocks(monkeypatch, blocks: int) -> None:
 
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 @pytest.mark.parametrize("shape", ["decode", "decode4", "ragged", "decode1", "decode1-long",
-                                   "prefill", "prefill64", "prefill-3-blocks"])
-def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypatch):
+                                   "prefill", "prefill64", "prefill-3-blocks",
+                                   "prefill-9-blocks"])
+def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypatch, request):
     """decode: S = 8, H = 4 (a 32-row Triton tile). decode4: S = 4, H = 2, the Gluon rows tile
     (e4m3 rounding; a bf16 query kept as is takes the Triton tile's bf16 dots), its walk
     over one request's blocks with the next page in flight. ragged: tiles of 4 rows whose rows
@@ -177,8 +178,10 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     program has one block past the end. prefill-3-blocks: the prefill case with three blocks
     per program (the prefetching walk of a prefill tile: each block scored from its own page,
     the last program's blocks past the end not scored; these small grids plan one block per
-    program). prefill / prefill64: folded keys on the Triton tile's 128- and 64-row tiles (bf16
-    queries kept as bf16: bf16 dots) and the Gluon prefill tile's 64 rows (e4m3 rounding; its
+    program). prefill-9-blocks: a context of 11 blocks, nine blocks a Gluon prefill program
+    (past the plan's eight), the second program's last six past the end. prefill /
+    prefill64: folded keys on the Triton tile's 128- and 64-row tiles (bf16 queries kept as
+    bf16: bf16 dots) and the Gluon prefill tile's 128 rows (e4m3 rounding; its
     tiles across requests take each request's page in turn); the first request's rows straddle
     block 0's end, so a tile's last row sees block 0 whole and its first rows do not (the whole-
     block shortcut must not fire). prefill64's scale bytes are 60..70 under garbage tails with
@@ -207,6 +210,14 @@ def test_index_scores_within_two_ulp_of_magnitude(rng, shape, q_round, monkeypat
     elif shape == "prefill64":
         kw.update(scale_lo=60, scale_hi=70)
         case = prefill_index_case(rng, [64, 64, 40], [96, 500, 0], num_rows=168, **kw)
+    elif shape == "prefill-9-blocks":
+        if q_round == "none":  # the Triton tile's bf16 dots (the Gluon tile takes fp16 only)
+            request.applymarker(pytest.mark.xfail(strict=True, reason=(
+                "known defect, found 2026-12-02 on the H200: the Triton prefill tile's bf16 "
+                "dots are 3.0 ulp of the magnitude from the oracle on this case (SPEC: 2)")))
+        kw.update(num_blocks=12, table_width=12, num_pages=40)
+        case = prefill_index_case(rng, [100, 3, 60], [64, 1400, 0], num_rows=200, **kw)
+        _force_prefill_blocks(monkeypatch, 9)
     else:
         case = prefill_index_case(rng, [100, 3, 60], [64, 500, 0], num_rows=200, **kw)
         if shape == "prefill-3-blocks":

@@ -4,10 +4,13 @@
 Why: the Triton prefill tile (128 dot rows, folded keys) needs 246 registers a thread, so one
 program runs per SM and every step of a block (decode, dot, the rows' maxima) waits on the
 one before: its tensor cores idle most of the time (RESULTS, fifth session). Here a program
-is one warpgroup with 64 dot rows: the query tile and each page's folded keys live in shared
-memory (``NVMMASharedLayout``), the accumulator ``f32 [64, 128]`` is the only large register
-tile, and three programs fit on an SM, so one program's dots run while the others decode
-their next page or take their rows' maxima.
+is two warpgroups with 128 dot rows (64 each): the query tile and each page's folded keys
+live in shared memory (``NVMMASharedLayout``), the accumulator ``f32 [128, 128]`` (64
+registers a thread) is the only large register tile, and two programs fit on an SM, so one
+program's dots run while the other decodes its next page or takes its rows' maxima. The
+page's keys are decoded once for 128 rows by all eight warps: the decode, the integer work
+that bounds this tile (its ALU pipe is the busiest), costs half as much a row as with one
+warpgroup of 64 rows (RESULTS, thirteenth session).
 
 Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §5, §15.3,
 §15.18; ``index_scores.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's reference
@@ -40,27 +43,29 @@ from jax_mxfp4.gpu.kernels.index_scores import (
     tile_rows,
 )
 
-WARPS = 4
-"""Warps per program: one warpgroup, the unit of a ``wgmma``."""
+WARPS = 8
+"""Warps per program: two warpgroups (a warpgroup, four warps, is the unit of a ``wgmma``)."""
 
-TILE_ROWS = 64
-"""Dot rows (query rows times index heads) per program: the ``wgmma``'s M for one warpgroup."""
+TILE_ROWS = 128
+"""Dot rows (query rows times index heads) per program: the ``wgmma``'s M (64) for each of
+the two warpgroups."""
 
 DOT_ROWS = gl.constexpr(TILE_ROWS)
 ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                              instr_shape=[16, 128, 16]))
-"""The dots ``f32 [64 rows, 128 tokens]``: warp ``w`` holds rows ``16 w ..``, a lane two rows
-and 32 tokens (so a row's maximum takes two shuffles)."""
+"""The dots ``f32 [128 rows, 128 tokens]``: warp ``w`` holds rows ``16 w ..`` (warpgroup ``w //
+4`` the rows ``64 (w // 4) ..``), a lane two rows and 32 tokens (so a row's maximum takes two
+shuffles)."""
 ROW_SLICE = gl.constexpr(gl.SliceLayout(1, ACC))
 TOKEN_SLICE = gl.constexpr(gl.SliceLayout(0, ACC))
 OPERAND = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                             rank=2))
-"""The query tile ``[64, 128]`` and a page's keys ``[128 tokens, 128]`` (fp16, head dims
+"""The query tile ``[128, 128]`` and a page's keys ``[128 tokens, 128]`` (fp16, head dims
 innermost) in shared memory, as ``wgmma`` reads them (the keys through a transposed view)."""
 WORDS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[8, 4, 1],
                                       warps_per_cta=[WARPS, 1, 1], order=[2, 1, 0]))
 """A page's code words ``uint32 [128 tokens, 4 groups, 4]``: lane ``4 a + g`` holds group
-``g`` of tokens ``a + 8 w + 32 i`` (16 bytes each, one load), so a thread's 32 keys of a token
+``g`` of tokens ``a + 8 w + 64 i`` (16 bytes each, one load), so a thread's 32 keys of a token
 share one scale byte. Words, not bytes, are what the walk carries to the next block (a byte
 would take a register of its own)."""
 CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[8, 4, 1],
@@ -68,7 +73,7 @@ CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_wa
 """The same words as bytes ``uint8 [128, 4, 16]`` in the same registers: the decode's input."""
 GROUP_BYTES = gl.constexpr(gl.SliceLayout(2, WORDS))
 ALL_TOKENS = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[1], [2]], lane_bases=[[4], [8], [16], [32], [64]], warp_bases=[[0], [0]],
+    reg_bases=[[1], [2]], lane_bases=[[4], [8], [16], [32], [64]], warp_bases=[[0], [0], [0]],
     block_bases=[], shape=[128]))
 """A page's 128 scale words in every warp (four to a thread, one 16-byte load): the page's
 reference byte, deepest group and first NaN-key token reduce within each warp, with no
@@ -149,7 +154,7 @@ def _store_keys(keys_smem, codes, group_bytes, ref, band):
 
 @gluon.jit
 def _page_dots(q_smem, keys_smem, codes, group_bytes, ref, bands):
-    """The page's relative dots ``f32 [64, 128]`` (``q . k = dots * 2**(ref - 136)`` for
+    """The page's relative dots ``f32 [128, 128]`` (``q . k = dots * 2**(ref - 136)`` for
     every token a row reaches): one ``wgmma`` per band, deepest first (Horner)."""
     dots = gl.zeros((DOT_ROWS, 128), gl.float32, layout=ACC)
     for i in range(bands):
@@ -168,7 +173,7 @@ def _page_dots(q_smem, keys_smem, codes, group_bytes, ref, bands):
 @gluon.jit
 def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
     """Max logit of each dot row ``sel`` selects over block ``j``'s tokens from its loaded
-    page (``index_scores.folded_row_maxima``): f32 [64], -inf for the other rows."""
+    page (``index_scores.folded_row_maxima``): f32 [128], -inf for the other rows."""
     codes, scale_words, group_bytes = page
     ref, deepest, first_nan = _page_span(scale_words, reach, j)
     expo = ref - 127 + 6 - mxfp4.FOLD_SHIFT
@@ -181,7 +186,7 @@ def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
 @gluon.jit
 def _query_tile(q_smem, q_ptr, first_row, T, H: gl.constexpr, ROWS: gl.constexpr,
                 ROUND_Q: gl.constexpr):
-    """The tile's query rows ``[64, 128]`` into ``q_smem`` as fp16 (a bf16 query rounded to
+    """The tile's query rows ``[128, 128]`` into ``q_smem`` as fp16 (a bf16 query rounded to
     e4m3, an e4m3 one converted exactly; zeros for rows past the tile or ``T``)."""
     m = gl.arange(0, DOT_ROWS, layout=gl.SliceLayout(1, QUERY))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, QUERY))
@@ -202,7 +207,7 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
                          BLOCKS: gl.constexpr, ROUND_Q: gl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. Program ``(i, b)``: rows ``i * ROWS ..`` (all ``H``
-    heads, ``ROWS * H <= 64`` dot rows) against blocks ``b * BLOCKS ..``. A tile of one
+    heads, ``ROWS * H <= 128`` dot rows) against blocks ``b * BLOCKS ..``. A tile of one
     request's rows walks its blocks with the next block's page in flight; a tile across
     requests (a chunk's end) scores each request's page of a block in turn."""
     first_row = gl.program_id(0) * ROWS

@@ -14,8 +14,8 @@ row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folde
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
 static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
 ``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
-sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (64-row
-warpgroup-MMA tiles, three programs per SM).
+sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (128-row
+warpgroup-MMA tiles, two programs per SM).
 """
 
 from __future__ import annotations
@@ -518,8 +518,8 @@ def _rows_tile(call, layout: Plan, dot: str) -> bool:
 
 
 def _prefill_tile(call, layout: Plan, dot: str) -> bool:
-    """Whether the call takes ``index_prefill_gluon.index_prefill_kernel`` (64-row tiles,
-    warpgroup MMAs on shared-memory operands, three programs per SM): by default
+    """Whether the call takes ``index_prefill_gluon.index_prefill_kernel`` (128-row tiles,
+    two warpgroups' MMAs on shared-memory operands, two programs per SM): by default
     (``cuda_kernels="auto"``), prefill-shaped tiles (those the Triton kernel folds) of fp16
     dots on CUDA sm_90 and later (``wgmma``)."""
     arch = call.target.arch
@@ -532,22 +532,27 @@ PREFILL_TILE_BLOCKS_MAX = 8
 the next page in flight), as for the Triton prefill tile (:data:`TILE_BLOCKS_MAX`)."""
 
 
-PREFILL_TILE_REGISTERS = 168
-"""Registers per thread of an ``index_prefill_kernel`` program at most: three programs (12
-warps) per SM. Uncapped, the compiler takes 227, computing the rows' token masks while the
-dots run, and leaves one program per SM; a cap of 128 (four programs, 88 bytes spilled)
-measured 1.08-1.16x slower (RESULTS, twelfth session)."""
+PREFILL_TILE_REGISTERS = 128
+"""Registers per thread of an ``index_prefill_kernel`` program at most: two programs (16
+warps) per SM. At this cap the compiler keeps the rows' 64-bit output addresses (16 bytes)
+in local memory and loads them back once a block, after the block's dots
+(``tests/test_gpu_compile.py`` holds it to that); 168 registers, spill-free, leave one
+program per SM. Keeping the blocks' maxima in shared memory instead, stored after the walk
+(no spill in a request's walk), measured 1.11x slower (RESULTS, thirteenth session). (With
+one warpgroup of 64 rows, three programs at 168 registers were 1.08-1.16x faster than four
+at 128 with 88 bytes spilled inside the walk: twelfth session.)"""
 
 
-PREFILL_GRID_PROGRAMS_PER_SM = 6
-"""Programs per SM the prefill tile's grid keeps at least (two waves of three resident), by
-taking fewer blocks per program on small grids (RESULTS, twelfth session: 41.4 against 46.1
-us at b1 q4096 ctx 8K with 2; the large cells, 8 blocks either way, unchanged)."""
+PREFILL_GRID_PROGRAMS_PER_SM = 4
+"""Programs per SM the prefill tile's grid keeps at least (two waves of two resident), by
+taking fewer blocks per program on small grids (RESULTS, twelfth and thirteenth sessions:
+at b1 q4096 ctx 8K 40.3 us against 40.9 with 6; the large cells, 8 blocks either way,
+unchanged)."""
 
 
 def prefill_tile_plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
                       num_sms: int) -> tuple[int, int, tuple[int, int, int]]:
-    """``(rows per tile, blocks per program, grid)`` of ``index_prefill_kernel``: 64 dot rows
+    """``(rows per tile, blocks per program, grid)`` of ``index_prefill_kernel``: 128 dot rows
     a tile (:data:`index_prefill_gluon.TILE_ROWS`), rows following rows per request as in
     :func:`plan`; blocks per program up to :data:`PREFILL_TILE_BLOCKS_MAX` while the grid
     keeps :data:`PREFILL_GRID_PROGRAMS_PER_SM` programs per SM, and enough to keep the grid's
