@@ -538,7 +538,7 @@ warps) per SM. At this cap the compiler keeps the rows' 64-bit output addresses 
 in local memory and loads them back once a block, after the block's dots
 (``tests/test_gpu_compile.py`` holds it to that); 168 registers, spill-free, leave one
 program per SM. Keeping the blocks' maxima in shared memory instead, stored after the walk
-(no spill in a request's walk), measured 1.11x slower (RESULTS, thirteenth session). (With
+(no spill in a request's walk), measured 1.03-1.13x slower (RESULTS, thirteenth session). (With
 one warpgroup of 64 rows, three programs at 168 registers were 1.08-1.16x faster than four
 at 128 with 88 bytes spilled inside the walk: twelfth session.)"""
 
