@@ -149,17 +149,11 @@ def _force_blocks(monkeypatch, blocks: int) -> None:
 
 
 def _force_prefill_blocks(monkeypatch, blocks: int) -> None:
-    """Make ``index_scores.prefill_tile_plan`` (the Gluon prefill tile's, which e4m3 dots on
+    """Make ``index_scores.prefill_tile_blocks`` (the Gluon prefill tile's, which e4m3 dots on
     sm_90 take) give every program ``blocks`` blocks."""
     from jax_mxfp4.gpu.kernels import index_scores
 
-    planned = index_scores.prefill_tile_plan
-
-    def forced(num_rows, num_heads, num_requests, num_blocks, num_sms):
-        rows, _, grid = planned(num_rows, num_heads, num_requests, num_blocks, num_sms)
-        return rows, blocks, (grid[0], -(-num_blocks // blocks), 1)
-
-    monkeypatch.setattr(index_scores, "prefill_tile_plan", forced)
+    monkeypatch.setattr(index_scores, "prefill_tile_blocks", lambda *shape: blocks)
 
 
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])

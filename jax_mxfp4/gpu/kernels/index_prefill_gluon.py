@@ -40,6 +40,7 @@ from jax_mxfp4.gpu.kernels.index_scores import (
     _block_page,
     _row_span,
     folded_row_maxima,
+    tile_row_ids,
     tile_rows,
 )
 
@@ -188,11 +189,10 @@ def _query_tile(q_smem, q_ptr, first_row, T, H: gl.constexpr, ROWS: gl.constexpr
                 ROUND_Q: gl.constexpr):
     """The tile's query rows ``[128, 128]`` into ``q_smem`` as fp16 (a bf16 query rounded to
     e4m3, an e4m3 one converted exactly; zeros for rows past the tile or ``T``)."""
-    m = gl.arange(0, DOT_ROWS, layout=gl.SliceLayout(1, QUERY))
+    row, head, ok = tile_row_ids(gl.arange(0, DOT_ROWS, layout=gl.SliceLayout(1, QUERY)),
+                                 first_row, T, H, ROWS)
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, QUERY))
-    row = first_row + m // H
-    ok = (m < ROWS * H) & (row < T)
-    x = gl.load(q_ptr + (row.to(gl.int64) * H + m % H)[:, None] * 128 + d[None, :],
+    x = gl.load(q_ptr + (row.to(gl.int64) * H + head)[:, None] * 128 + d[None, :],
                 mask=ok[:, None], other=0.0)
     if ROUND_Q:
         q_smem.store(mxfp4.round_e4m3(x.to(gl.float32), True).to(gl.float16))

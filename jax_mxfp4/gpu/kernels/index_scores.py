@@ -107,14 +107,21 @@ def _query_row(q_ptr, row, row_ok, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
+def tile_row_ids(m, first_row, T, H: tl.constexpr, ROWS: tl.constexpr):
+    """The query row and the head of each of the dot rows ``m`` (any layout) of the tile whose
+    first query row is ``first_row``, and whether it exists (:func:`tile_rows` without its
+    loads: what a tile's query loads need)."""
+    row = first_row + m // H
+    return row, m % H, (m < ROWS * H) & (row < T)
+
+
+@triton.jit
 def tile_rows(m, first_row, pos_ptr, req_ptr, T, B, H: tl.constexpr, ROWS: tl.constexpr):
     """The dot rows ``m`` (int32, any layout: the Gluon tiles call it too) of the tile whose
     first query row is ``first_row``: each one's query row and head, whether it exists, its
     position and request, and whether it is live (a position >= 0, a request in ``[0, B)``;
     SPEC §15.3). The one rule every index tile applies to its rows' metadata."""
-    row = first_row + m // H
-    head = m % H
-    row_ok = (m < ROWS * H) & (row < T)
+    row, head, row_ok = tile_row_ids(m, first_row, T, H, ROWS)
     pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
     req = tl.load(req_ptr + row, mask=row_ok, other=-1)
     live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
@@ -418,6 +425,15 @@ them, and its walk keeps the next block's page in flight (RESULTS, fifth session
 32768-row chunks)."""
 
 
+def walk_blocks(row_tiles: int, num_blocks: int, num_sms: int, most: int,
+                programs_per_sm: int) -> int:
+    """Blocks per program of a walk over consecutive blocks: ``most``, fewer where the grid
+    would then give an SM under ``programs_per_sm`` programs (small contexts), and enough to
+    keep the grid's y within 65535. A block's scores do not depend on it."""
+    blocks = max(1, min(most, (row_tiles * num_blocks) // (programs_per_sm * num_sms)))
+    return max(blocks, triton.cdiv(num_blocks, 65535))
+
+
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
          num_sms: int, foldable: bool = True) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
@@ -438,7 +454,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     16-row tiles are capped at :data:`DECODE_TILE_REGISTERS` registers per thread. (On CUDA,
     tiles of 2 to 8 dot rows take ``index_rows_gluon`` by default instead: :func:`_rows_tile`,
     with :func:`rows_tile_blocks` blocks per program; on sm_90, prefill tiles of fp16 dots
-    take ``index_prefill_gluon``: :func:`_prefill_tile`, :func:`prefill_tile_plan`.)
+    take ``index_prefill_gluon``: :func:`_prefill_tile`, :func:`prefill_tile_blocks`.)
     The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
@@ -447,8 +463,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
     blocks = 1
     if m >= 64:
-        blocks = max(1, min(TILE_BLOCKS_MAX, num_blocks,
-                            (row_tiles * num_blocks) // (2 * num_sms)))
+        blocks = walk_blocks(row_tiles, num_blocks, num_sms, min(TILE_BLOCKS_MAX, num_blocks), 2)
     one_row = rows * num_heads == 1
     warps = 8 if m >= 64 else 4
     if one_row:
@@ -550,35 +565,27 @@ at b1 q4096 ctx 8K 40.3 us against 40.9 with 6; the large cells, 8 blocks either
 unchanged)."""
 
 
-def prefill_tile_plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
-                      num_sms: int) -> tuple[int, int, tuple[int, int, int]]:
-    """``(rows per tile, blocks per program, grid)`` of ``index_prefill_kernel``: 128 dot rows
-    a tile (:data:`index_prefill_gluon.TILE_ROWS`), rows following rows per request as in
-    :func:`plan`; blocks per program up to :data:`PREFILL_TILE_BLOCKS_MAX` while the grid
-    keeps :data:`PREFILL_GRID_PROGRAMS_PER_SM` programs per SM, and enough to keep the grid's
-    y within 65535. A block's scores do not depend on either."""
+def prefill_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
+    """Blocks per ``index_prefill_kernel`` program (:func:`walk_blocks`): up to
+    :data:`PREFILL_TILE_BLOCKS_MAX` while the grid keeps :data:`PREFILL_GRID_PROGRAMS_PER_SM`
+    programs per SM."""
+    return walk_blocks(row_tiles, num_blocks, num_sms, min(PREFILL_TILE_BLOCKS_MAX, num_blocks),
+                       PREFILL_GRID_PROGRAMS_PER_SM)
+
+
+def _prefill_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, constants: dict):
+    """``index_prefill_gluon.index_prefill_kernel`` on :func:`plan`'s row tiles (folded, at
+    most 128 dot rows: the kernel's :data:`index_prefill_gluon.TILE_ROWS`) and
+    :func:`prefill_tile_blocks` blocks per program."""
     from jax_mxfp4.gpu.kernels import index_prefill_gluon
 
-    per_request = max(1, num_rows // max(1, num_requests))
-    rows = min(triton.next_power_of_2(per_request),
-               max(1, index_prefill_gluon.TILE_ROWS // num_heads))
-    row_tiles = triton.cdiv(max(num_rows, 1), rows)
-    blocks = max(1, min(PREFILL_TILE_BLOCKS_MAX, num_blocks,
-                        (row_tiles * num_blocks) // (PREFILL_GRID_PROGRAMS_PER_SM * num_sms)))
-    blocks = max(blocks, triton.cdiv(num_blocks, 65535))
-    return rows, blocks, (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
-
-
-def _prefill_tile_launch(call, scalars: dict, constants: dict):
-    """``index_prefill_gluon.index_prefill_kernel`` on :func:`prefill_tile_plan`'s tiles."""
-    from jax_mxfp4.gpu.kernels import index_prefill_gluon
-
-    q_aval, _, table_aval = call.avals_in[:3]
-    rows, blocks, grid = prefill_tile_plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0],
-                                           call.params["num_blocks"], call.target.units)
+    heads = call.avals_in[0].shape[1]
+    assert layout.rows * heads <= index_prefill_gluon.TILE_ROWS, (layout, heads)
+    blocks = prefill_tile_blocks(layout.grid[0], num_blocks, call.target.units)
+    grid = (layout.grid[0], triton.cdiv(num_blocks, blocks), 1)
+    shared = {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}
     return _launch(call, index_prefill_gluon.index_prefill_kernel, grid, scalars,
-                   {"H": constants["H"], "ROWS": rows, "BLOCKS": blocks,
-                    "ROUND_Q": constants["ROUND_Q"]}, index_prefill_gluon.WARPS,
+                   {**shared, "BLOCKS": blocks}, index_prefill_gluon.WARPS,
                    PREFILL_TILE_REGISTERS)
 
 
@@ -594,11 +601,9 @@ instead of the four its 108 allow, with nothing spilled (RESULTS, eleventh sessi
 
 
 def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
-    """Blocks per ``index_rows_kernel`` program: :data:`ROWS_TILE_BLOCKS_MAX`, fewer where the
-    grid would then give an SM under four programs (small contexts), and enough to keep the
-    grid's y within 65535. A block's scores do not depend on it."""
-    blocks = max(1, min(ROWS_TILE_BLOCKS_MAX, (row_tiles * num_blocks) // (4 * num_sms)))
-    return max(blocks, triton.cdiv(num_blocks, 65535))
+    """Blocks per ``index_rows_kernel`` program (:func:`walk_blocks`): up to
+    :data:`ROWS_TILE_BLOCKS_MAX` while the grid keeps four programs per SM."""
+    return walk_blocks(row_tiles, num_blocks, num_sms, ROWS_TILE_BLOCKS_MAX, 4)
 
 
 def _launch(call, kernel, grid, scalars: dict, constants: dict, num_warps: int,
@@ -654,7 +659,7 @@ def lower(ctx, call, q, pool, table, positions, requests):
         grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
         launch = _gluon_tile_launch(call, grid, scalars, constants)
     elif _prefill_tile(call, layout, dot) and not empty:
-        launch = _prefill_tile_launch(call, scalars, constants)
+        launch = _prefill_tile_launch(call, layout, num_blocks, scalars, constants)
     elif _rows_tile(call, layout, dot) and not empty:
         launch = _rows_tile_launch(call, layout, num_blocks, scalars, constants)
     else:
