@@ -324,8 +324,8 @@ def index_scores(q, index_pool, block_table, positions, requests, *, num_blocks:
 def index_score_magnitudes(q, index_pool, block_table, positions, requests, *,
                            num_blocks: int, sm_scale: float, q_round: str = "e4m3"):
     """float64 ``[H, T, num_blocks]``: max over live tokens of ``sum_d |Qe[d] K[t, d]|`` times
-    the folded scale (0 where no token is live). An fp32 accumulation of the 128 products is
-    accurate to a few ulp of this magnitude (not of the possibly cancelled score)."""
+    the folded scale (0 where no token is live): the unit of :func:`index_score_tolerance`
+    (an fp32 sum's error scales with it, not with the possibly cancelled score)."""
     qe = np.abs(index_query_values(q, q_round))
     num_rows, num_heads, _ = qe.shape
     pages = np.abs(dequant_pool(index_pool))
@@ -500,6 +500,30 @@ def bits_equal(a, b) -> np.ndarray:
 def ulp_f32(x) -> np.ndarray:
     """Spacing of float32 at |x| (finite x)."""
     return np.spacing(np.abs(np.asarray(x, np.float32))).astype(np.float64)
+
+
+INDEX_SCORE_BOUND = 2.0**-16
+"""An inexact index score's largest error, as a fraction of its magnitude (docs/spec.md §10,
+§15.19): a token's 128 products are exact in fp32, so an fp32 accumulation of them, in any
+order and rounding to nearest or toward zero, rounds at most 127 times, each by less than
+one ulp of a partial sum, which is at most the magnitude (an ulp of a normal number is at
+most ``2**-23`` of it); the kernel's final multiply by the score scale and the oracle's
+rounding to fp32 add half an ulp each: ``128 * 2**-23``. (Partial sums in fp32's normal
+range, as in every case the tests build.)"""
+
+
+def index_score_tolerance(magnitude) -> np.ndarray:
+    """float64: the largest ``|score - oracle|`` a backend's score may have, from its
+    :func:`index_score_magnitudes` (:data:`INDEX_SCORE_BOUND` of it, plus two steps of fp32's
+    subnormal spacing for scores near zero)."""
+    return np.asarray(magnitude, np.float64) * INDEX_SCORE_BOUND + 2.0**-148
+
+
+def index_score_errors(got, want, magnitude) -> np.ndarray:
+    """``|got - want|`` in units of :func:`index_score_tolerance` (finite entries given): at
+    most 1 against the oracle, at most 2 between two backends."""
+    err = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    return err / index_score_tolerance(magnitude)
 
 
 def attention_close(actual, expected, *, rtol=1e-2, atol=1e-2, max_outside=0.01,

@@ -3,10 +3,11 @@
 Each target is compared with ``jax_mxfp4.reference`` (the plain-jnp definition of SPEC) and
 with the float64 oracle (``tests/oracle.py``): bit for bit for ``write_cache``,
 ``select_blocks`` and the MXFP8 epilogue, bit for bit for ``index_scores`` where every product
-and partial sum is exact (e4m3 queries, one scale byte per token) and within 2 ulp of the
-score's magnitude elsewhere, and within the SPEC §10 attention tolerance for
-``sparse_attention``. Every case runs on both kernel flavours: the AVX-512 BF16 kernels (where
-the CPU has them) and the portable ones (``JAX_MXFP4_CPU_ISA=generic``).
+and partial sum is exact (e4m3 queries, one scale byte per token) and within
+``oracle.index_score_tolerance`` of the score's magnitude elsewhere, and within the SPEC §10
+attention tolerance for ``sparse_attention``. Every case runs on both kernel flavours: the
+AVX-512 BF16 kernels (where the CPU has them) and the portable ones
+(``JAX_MXFP4_CPU_ISA=generic``).
 
 The oracle takes SPEC-valid rows; a row whose request is outside the block table is a padding
 row by the package's convention (``reference._common.row_is_live``), so such rows are handed to
@@ -122,15 +123,15 @@ def spec_rows(positions, requests, num_requests):
             np.where(live, requests, 0).astype(np.int32))
 
 
-def assert_scores_close(got, want, magnitude, ulps=2):
-    """NaN and inf where ``want`` has them; elsewhere within ``ulps`` ulp of magnitude."""
+def assert_scores_close(got, want, magnitude, tolerances=1):
+    """NaN and inf where ``want`` has them; elsewhere within ``tolerances`` times
+    ``oracle.index_score_tolerance`` (1 against the oracle, 2 against another backend)."""
     got, want = np.asarray(got), np.asarray(want)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     fin = np.isfinite(want)
     np.testing.assert_array_equal(got[~fin & ~np.isnan(want)], want[~fin & ~np.isnan(want)])
-    tol = ulps * oracle.ulp_f32(magnitude[fin])
-    err = np.abs(got[fin].astype(np.float64) - want[fin])
-    assert np.all(err <= tol), f"max err / tol {np.max(err / np.maximum(tol, 1e-300))}"
+    err = oracle.index_score_errors(got[fin], want[fin], magnitude[fin])
+    assert np.all(err <= tolerances), f"max err / tol {err.max()}"
 
 
 def assert_attention_close(got, want, *, unit=1.0):
@@ -258,13 +259,14 @@ def test_index_scores_exact_per_token_scales(rng, q_dtype):
 
 @pytest.mark.parametrize("q_config", [("bf16", "e4m3"), ("bf16", "none"), ("e4m3", "e4m3")])
 def test_index_scores_per_block_scales(rng, q_config):
-    """Per-32-block bytes: fp32 sums may round; within 2 ulp of the score magnitude."""
+    """Per-32-block bytes: fp32 sums may round; within the index score tolerance of the
+    oracle (docs/spec.md §10), and twice that of the reference lowering."""
     q_dtype, q_round = q_config
     case = decode_index_case(rng, [1, 128, 129, 300, 513], 3, num_heads=3, num_blocks=5,
                              table_width=6, num_pages=12, q_dtype=q_dtype, scale_lo=119,
                              scale_hi=133, unused_ids=far_ids(12))
     got, want, spec, mag = run_index(case, q_round, magnitudes=True)
-    assert_scores_close(got, want, mag)
+    assert_scores_close(got, want, mag, tolerances=2)
     assert_scores_close(got, spec, mag)
 
 

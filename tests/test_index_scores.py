@@ -5,8 +5,10 @@ token (bytes 100..150), every product is exact and every partial sum of a token'
 is a multiple of 2**-10 below 2**14, so the fp32 scores must equal the oracle bit for bit.
 Elsewhere (per-32-block bytes in [119, 133], bf16 queries kept as bf16) an fp32 accumulation
 in another order legitimately differs from the correctly rounded sum, by up to ~30 ulp of a
-cancelled score (measured), so the bound is 2 ulp of the score's magnitude (max over live
-tokens of sum |q_d k_d|, times the folded scale); measured worst case 1 ulp.
+cancelled score (measured), so the bound is a fraction of the score's magnitude (max over
+live tokens of sum |q_d k_d|, times the folded scale): ``oracle.index_score_tolerance``,
+2**-16 of it, what any order of fp32 sums keeps (docs/spec.md §15.19; measured worst cases
+are a few ulp of the magnitude, bench/RESULTS.md).
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;
@@ -28,6 +30,9 @@ the listed tests are those that failed, not just the ones meant to catch it).
   * e4m3 conversion without the +-448 clamp (NaN) -> test_e4m3_saturation [2].
   * out-of-range page ids clamped into the pool -> test_out_of_range_page_ids [2].
   * padding rows (position -1) scored as position 0 -> test_scores_decode [18] and 44 more.
+  * token dots rounded to 14 significant bits (an fp8 tensor core's accumulator; with the
+    tolerance of docs/spec.md §15.19, 2026-12-02) -> 15 tolerance checks, at 1.01-1.56 times
+    the tolerance, incl. test_deep_scale_groups[reference-*] (and the exact tests).
 """
 
 from __future__ import annotations
@@ -79,9 +84,8 @@ def assert_scores(got, want, *, exact: bool, positions=None, magnitudes=None):
         )
     else:
         fin = ~inf_want
-        err = np.abs(got[fin].astype(np.float64) - want[fin].astype(np.float64))
-        ulps = err / oracle.ulp_f32(np.maximum(np.abs(want[fin]), magnitudes[fin]))
-        assert (ulps <= 2).all(), f"max error {ulps.max():.1f} ulp of the magnitude"
+        err = oracle.index_score_errors(got[fin], want[fin], magnitudes[fin])
+        assert (err <= 1).all(), f"max error {err.max():.2f} of the tolerance"
     if positions is not None:  # SPEC §15.3: -inf for every block past the row's reach
         blocks = np.arange(got.shape[2])
         for t, p in enumerate(positions):

@@ -1,6 +1,6 @@
 """The Gluon index tile (``jax_mxfp4.gpu.kernels.index_tile_gluon``, keys decoded straight into
 the tensor cores' registers) against the float64 oracle on the GPU, launched through torch
-(it is not in the lowering yet): within 2 ulp of each score's magnitude (SPEC §10), ``-inf``
+(it is not in the lowering yet): within the index score tolerance (docs/spec.md §10), ``-inf``
 exactly where the oracle has it, NaN where a live token's scale byte is 255."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _tile_scores(case, rows_per_tile: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("heads,rows_per_request", [(1, 8), (4, 4), (1, 1)])
-def test_gluon_tile_within_two_ulp(rng, heads, rows_per_request):
+def test_gluon_tile_within_tolerance(rng, heads, rows_per_request):
     kw = dict(num_heads=heads, num_blocks=5, table_width=6, num_pages=40, scale_lo=110,
               scale_hi=140)
     case = decode_index_case(rng, [600, 33, 128, 257, 0], rows_per_request, **kw)
@@ -52,6 +52,6 @@ def test_gluon_tile_within_two_ulp(rng, heads, rows_per_request):
     assert np.isnan(truth).any()
     live = np.isfinite(truth)
     assert live.sum() > 8
-    ulp = oracle.ulp_f32(oracle.index_score_magnitudes(*case.args(), **static)[live])
-    err = np.abs(got[live] - truth[live]) / ulp
-    assert err.max() <= 2, err.max()
+    magnitude = oracle.index_score_magnitudes(*case.args(), **static)[live]
+    err = oracle.index_score_errors(got[live], truth[live], magnitude)
+    assert err.max() <= 1, err.max()
