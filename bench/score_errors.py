@@ -15,6 +15,7 @@ the worst error as a fraction of ``oracle.index_score_tolerance`` (at most 1 by 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -54,11 +55,16 @@ def seed_errors(seed: int, q_round: str, scorers: dict) -> dict[str, tuple[float
 
 
 def scorer(backend: str):
-    """``index_scores`` jitted under ``backend`` (static options as keywords)."""
+    """``index_scores`` under ``backend`` (static options as keywords), jitted once per
+    option set: every seed's case has the same shapes, so it compiles once, not per seed."""
+    @functools.cache
+    def jitted(num_blocks, q_round):
+        return jax.jit(lambda *a: jm.index_scores(*a, num_blocks=num_blocks, sm_scale=SM_SCALE,
+                                                  q_round=q_round))
+
     def score(*args, num_blocks, q_round):
         with backend_scope(backend):
-            return jax.jit(lambda *a: jm.index_scores(
-                *a, num_blocks=num_blocks, sm_scale=SM_SCALE, q_round=q_round))(*args)
+            return jitted(num_blocks, q_round)(*args)
     return score
 
 

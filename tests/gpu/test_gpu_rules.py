@@ -125,7 +125,7 @@ def test_index_scores_nonfinite(rng, shape, q_round):
     assert_classes(reference, want)
     magnitude = oracle.index_score_magnitudes(*case.args(), **static)
     finite = np.isfinite(want) & np.isfinite(magnitude)
-    assert finite.sum() >= 4  # decode1: 5 rows x 5 blocks, 3 rows poisoned
+    assert finite.sum() >= 4  # decode1: 5 rows x 5 blocks, 6-8 of them finite (CPU check)
     assert oracle.index_score_errors(kernel[finite], reference[finite],
                                      magnitude[finite]).max() <= 2
 
