@@ -213,6 +213,8 @@ def cells(quick: bool = False) -> list[Cell]:
         index_cell("b32 q8 ctx 32K", 32, 8, 32768, shape="prefill"),
         index_cell("chunk 32768 prefix 0", 1, 32768, 32768, shape="prefill"),
         index_cell("chunk 32768 prefix 100K", 1, 32768, 32768 + 102400, shape="prefill"),
+        # 96-row prompts in 128-row tiles: most tiles hold rows of two requests
+        index_cell("b32 q96 ctx 8K", 32, 96, 8192, shape="prefill"),
     ]
     out += [attention_cell(f"{r} rows x 16 pages", r) for r in (1, 8, 32, 128, 256)]
     for n in (1, 2, 4, 8, 16, 24):
@@ -224,7 +226,7 @@ def cells(quick: bool = False) -> list[Cell]:
     out += [write_cell(32), write_cell(4096), write_cell(16384), select_cell(32, 131072),
             select_cell(4096, 32768)]
     if quick:
-        return [out[0], out[6], out[13], out[19], out[-5]]
+        return [out[0], out[6], out[13], out[20], out[-5]]
     return out
 
 
