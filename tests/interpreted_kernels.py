@@ -256,6 +256,16 @@ def poison_index_case(case) -> None:
     case.pool[table[requests[big], 0], 8192:] = 254
 
 
+def poison_diagonal_block(case) -> None:
+    """In place: keys at scale byte 254 in the last live row's block 2, which a prefill
+    tile's rows see only in part (the masked path of ``folded_row_maxima``)."""
+    live = case.positions >= 0
+    big = np.flatnonzero(live)[-1]
+    # the row reaches block 2, and some row of the tile sees only part of it
+    assert case.positions[big] >= 256 and case.positions[live].min() < 2 * 128 + 127
+    case.pool[case.block_table[case.requests[big], 2], 8192:] = 254
+
+
 def check_index_score_classes(rng) -> None:
     """SPEC §15.18 in every tiling (one row on the CUDA cores, group dots, folded keys): NaN
     where the oracle has NaN, -inf where it has -inf, finite elsewhere. e4m3 queries, and no
@@ -265,6 +275,7 @@ def check_index_score_classes(rng) -> None:
     kw = dict(num_blocks=4, table_width=5, num_pages=40, scale_lo=120, scale_hi=126,
               q_dtype="e4m3")
     folded = prefill_index_case(rng, [70], [200], num_rows=70, num_heads=1, **kw)
+    poison_diagonal_block(folded)  # (block 0, every row's whole, is poisoned below)
     cases = [
         ("one_row", decode_index_case(rng, [600, 140, 300, 5], 1, num_heads=1, **kw), 1, None),
         ("group_dots", decode_index_case(rng, [600, 140, 300], 4, num_heads=2, **kw), 2, None),

@@ -174,8 +174,10 @@ def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     sm_90 code has warpgroup MMAs (four rescaled group dots spilled at 128 rows in the Triton
     tile). Decode tiles keep the group dots, and so do e4m3 dots (not foldable). The Gluon
     tile's walk of eight blocks, at its register cap, keeps its rows' output addresses (16
-    bytes) in local memory, reloaded once a block (``PREFILL_TILE_REGISTERS``); nothing else
-    (a cap of 120 registers spills 56 bytes and fails here)."""
+    bytes) in local memory, reloaded once a block (``PREFILL_TILE_REGISTERS``); its walk
+    across requests (a tile holding rows of several) also keeps its 64-bit block counter and
+    page address there (56 bytes in all, 20 reloads in the code; a cap of 120 registers
+    spills 112 bytes and fails here)."""
     from jax_mxfp4.gpu.kernels import index_scores
 
     tiles = {
@@ -192,8 +194,8 @@ def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     for rows, per_request, blocks in ((4096, 4096, 16), (4096, 4096, 1024), (256, 64, 16)):
         (kernel,) = sass_stats.kernels_of(*sass_stats._index(rows, per_request, blocks))
         resources, ops = sass_stats.profile(kernel)
-        assert int(resources.get("STACK", 0)) <= 16 and int(resources.get("LOCAL", 0)) == 0
-        assert ops["HGMMA"] > 0 and ops["LDL"] <= 8, ops
+        assert int(resources.get("STACK", 0)) <= 56 and int(resources.get("LOCAL", 0)) == 0
+        assert ops["HGMMA"] > 0 and ops["LDL"] <= 20, ops
         # on sm_90 the Gluon tile: two programs per SM in registers and shared memory
         assert kernel.symbol == "index_prefill_kernel", kernel.symbol
         registers = int(resources["REG"])

@@ -18,8 +18,9 @@ after the low ones instead of 64 (right only for a whole row), fails it. SPEC §
 ``mxfp4.page_logits`` the group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row
 tiling; without the poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot /
 one-row tilings;
-without the page-exponent overflow check of ``_folded_maxima``, or without its rows made NaN
-from the first NaN-key token they see, the folded tiling; without the
+without the page-exponent overflow check of ``folded_row_maxima`` (on the blocks a tile's
+rows see whole, or on those they see in part: ``poison_diagonal_block``), or without its rows
+made NaN from the first NaN-key token they see, the folded tiling; without the
 NaN of an infinite logit in ``_attend_page``, or without the final NaN of a q head whose
 running max is NaN, the attention checks; without the NaN of a byte-255
 group in ``mxfp4.page_values`` the page check. Removing the reduce kernel's explicit NaN is

@@ -224,18 +224,23 @@ def folded_row_maxima(dots, expo, first_nan_tok, sel, pos, tok, whole,
     runs only where it can: always unless ``FINITE_DOTS`` (e4m3-exact queries, ``|dots| <=
     128 * 448 * 6 * 2**9``), then only for ``expo > 0``. Shared by the Triton and the Gluon
     prefill tiles."""
-    if whole:
+    # The token mask is built on the partial-block path only: where both paths used it,
+    # the compiler computed it ahead of the branch on every block (some 290 integer
+    # instructions a block and thread in the Gluon tile, whose ALU pipe bounds it).
+    check = True
+    if FINITE_DOTS:
+        check = expo > 0
+    overflow = pos != pos
+    if whole:  # every selected row sees every token: no mask
         best = tl.reduce(dots, 1, _max_nan)
+        if check:
+            overflow = _overflows(tl.abs(dots), expo)
     else:
         seen = sel[:, None] & (tok[None, :] <= pos[:, None])
         best = tl.reduce(tl.where(seen, dots, float("-inf")), 1, _max_nan)
-    poisoned = pos >= first_nan_tok
-    if FINITE_DOTS:
-        if expo > 0:
-            poisoned |= _overflows(dots, sel, pos, tok, expo)
-    else:
-        poisoned |= _overflows(dots, sel, pos, tok, expo)
-    best = tl.where(poisoned, float("nan"), best)
+        if check:
+            overflow = _overflows(tl.where(seen, tl.abs(dots), 0.0), expo)
+    best = tl.where((pos >= first_nan_tok) | overflow, float("nan"), best)
     return tl.where(sel, mxfp4.mul_pow2(best, expo), float("-inf"))
 
 
@@ -248,12 +253,10 @@ def _row_span(sel, pos):
 
 
 @triton.jit
-def _overflows(dots, sel, pos, tok, expo):
-    """Whether a row's logits ``dots * 2**expo`` over the tokens it sees include one that is
-    not finite: bool [M]."""
-    seen = sel[:, None] & (tok[None, :] <= pos[:, None])
-    largest = tl.max(tl.where(seen, tl.abs(dots), 0.0), axis=1)
-    return mxfp4.mul_pow2(largest, expo) == float("inf")
+def _overflows(magnitudes, expo):
+    """Whether a row's largest ``|dot| * 2**expo`` over the tokens it sees is not finite:
+    bool [M] from ``magnitudes f32 [M, 128]`` (``|dots|``, 0 where a token is not seen)."""
+    return mxfp4.mul_pow2(tl.max(magnitudes, axis=1), expo) == float("inf")
 
 
 @triton.jit
@@ -550,27 +553,40 @@ the next page in flight), as for the Triton prefill tile (:data:`TILE_BLOCKS_MAX
 PREFILL_TILE_REGISTERS = 128
 """Registers per thread of an ``index_prefill_kernel`` program at most: two programs (16
 warps) per SM. At this cap the compiler keeps the rows' 64-bit output addresses (16 bytes)
-in local memory and loads them back once a block, after the block's dots
-(``tests/test_gpu_compile.py`` holds it to that); 168 registers, spill-free, leave one
+in local memory and loads them back once a block, after the block's dots, and its walk
+across requests also its 64-bit block counter and page address (``tests/test_gpu_compile.py``
+holds it to that); 168 registers, spill-free, leave one
 program per SM. Keeping the blocks' maxima in shared memory instead, stored after the walk
 (no spill in a request's walk), measured 1.03-1.13x slower (RESULTS, thirteenth session). (With
 one warpgroup of 64 rows, three programs at 168 registers were 1.08-1.16x faster than four
 at 128 with 88 bytes spilled inside the walk: twelfth session.)"""
 
 
-PREFILL_GRID_PROGRAMS_PER_SM = 4
-"""Programs per SM the prefill tile's grid keeps at least (two waves of two resident), by
-taking fewer blocks per program on small grids (RESULTS, twelfth and thirteenth sessions:
-at b1 q4096 ctx 8K 40.3 us against 40.9 with 6; the large cells, 8 blocks either way,
-unchanged)."""
+PREFILL_GRID_PROGRAMS_PER_SM = 2
+"""Programs per SM the prefill tile's grid keeps at least where each tile holds one
+request's rows: one wave of the two resident programs, fewer blocks per program only on
+small grids. A block costs far more than a program's start, so a longer walk in one wave
+beats shorter ones in two (RESULTS, fifteenth session: b1 q4096 ctx 8K 28.6 us against
+31.8 with 4 and 32.1 with 3; b4 q512 ctx 8K 20.4 against 22.7; the large cells, 8 blocks
+either way, unchanged)."""
+
+PREFILL_GRID_PROGRAMS_PER_SM_ACROSS = 4
+"""The same where tiles hold rows of several requests (``T // B`` not a multiple of the
+tile's rows): their walk loads each request's page when it scores it, with nothing in
+flight, so shorter walks in more waves are faster (RESULTS, fifteenth session: b32 q96 ctx
+8K 1.2x slower at 2 than at 4)."""
 
 
-def prefill_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
+def prefill_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int,
+                        one_request_tiles: bool = True) -> int:
     """Blocks per ``index_prefill_kernel`` program (:func:`walk_blocks`): up to
     :data:`PREFILL_TILE_BLOCKS_MAX` while the grid keeps :data:`PREFILL_GRID_PROGRAMS_PER_SM`
-    programs per SM."""
+    programs per SM (:data:`PREFILL_GRID_PROGRAMS_PER_SM_ACROSS` where tiles hold rows of
+    several requests)."""
+    per_sm = (PREFILL_GRID_PROGRAMS_PER_SM if one_request_tiles
+              else PREFILL_GRID_PROGRAMS_PER_SM_ACROSS)
     return walk_blocks(row_tiles, num_blocks, num_sms, min(PREFILL_TILE_BLOCKS_MAX, num_blocks),
-                       PREFILL_GRID_PROGRAMS_PER_SM)
+                       per_sm)
 
 
 def _prefill_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, constants: dict):
@@ -581,7 +597,10 @@ def _prefill_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, con
 
     heads = call.avals_in[0].shape[1]
     assert layout.rows * heads <= index_prefill_gluon.TILE_ROWS, (layout, heads)
-    blocks = prefill_tile_blocks(layout.grid[0], num_blocks, call.target.units)
+    rows, requests = call.avals_in[0].shape[0], call.avals_in[2].shape[0]
+    one_request_tiles = rows % requests == 0 and (rows // requests) % layout.rows == 0
+    blocks = prefill_tile_blocks(layout.grid[0], num_blocks, call.target.units,
+                                 one_request_tiles)
     grid = (layout.grid[0], triton.cdiv(num_blocks, blocks), 1)
     shared = {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}
     return _launch(call, index_prefill_gluon.index_prefill_kernel, grid, scalars,
