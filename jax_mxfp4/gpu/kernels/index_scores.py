@@ -225,8 +225,8 @@ def folded_row_maxima(dots, expo, first_nan_tok, sel, pos, tok, whole,
     128 * 448 * 6 * 2**9``), then only for ``expo > 0``. Shared by the Triton and the Gluon
     prefill tiles."""
     # The token mask is built on the partial-block path only: where both paths used it,
-    # the compiler computed it ahead of the branch on every block (some 290 integer
-    # instructions a block and thread in the Gluon tile, whose ALU pipe bounds it).
+    # the compiler built it ahead of the branch on every block, a third of the Gluon tile's
+    # ALU work a block (docs/notes.md, "What the compiler builds ahead of a branch").
     check = True
     if FINITE_DOTS:
         check = expo > 0
