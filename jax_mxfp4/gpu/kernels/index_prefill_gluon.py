@@ -185,6 +185,24 @@ def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
 
 
 @gluon.jit
+def _span_combine(hi_a, lo_a, rlo_a, rhi_a, hi_b, lo_b, rlo_b, rhi_b):
+    """Combine of :func:`_tile_span`'s reduction."""
+    return (gl.maximum(hi_a, hi_b), gl.minimum(lo_a, lo_b), gl.minimum(rlo_a, rlo_b),
+            gl.maximum(rhi_a, rhi_b))
+
+
+@gluon.jit
+def _tile_span(live, pos, req, B):
+    """The live rows' largest and smallest position (``_row_span``'s ``reach``, ``low``) and
+    smallest and largest request (``B`` and -1 where none is live), in one reduction across
+    the tile instead of four."""
+    reach, low, req_lo, req_hi = gl.reduce(
+        (gl.where(live, pos, -1), gl.where(live, pos, 2**31 - 1), gl.where(live, req, B),
+         gl.where(live, req, -1)), 0, _span_combine)
+    return reach, gl.where(reach < 0, reach, low), req_lo, req_hi
+
+
+@gluon.jit
 def _query_tile(q_smem, q_ptr, first_row, T, H: gl.constexpr, ROWS: gl.constexpr,
                 ROUND_Q: gl.constexpr):
     """The tile's query rows ``[128, 128]`` into ``q_smem`` as fp16 (a bf16 query rounded to
@@ -215,15 +233,14 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
                                                   first_row, pos_ptr, req_ptr, T, B, H, ROWS)
     q_smem = gl.allocate_shared_memory(gl.float16, [DOT_ROWS, 128], OPERAND)
     keys_smem = gl.allocate_shared_memory(gl.float16, [128, 128], OPERAND)
-    _query_tile(q_smem, q_ptr, first_row, T, H, ROWS, ROUND_Q)
-    reach, low = _row_span(live, pos)
-    req_lo = gl.min(gl.where(live, req, B), axis=0)
-    req_hi = gl.max(gl.where(live, req, -1), axis=0)
+    reach, low, req_lo, req_hi = _tile_span(live, pos, req, B)
     out = out_ptr + head.to(gl.int64) * T * NB + row.to(gl.int64) * NB
     first = gl.program_id(1) * BLOCKS
     if req_lo == req_hi:  # one request's rows: its pages, the next one in flight
         page_ptr, ok = _block_page(pool_ptr, table_ptr, req_lo, reach, first, NB, W, P)
         page = _page_loads(page_ptr, ok)
+        # the query tile is loaded and rounded while the first page's loads are in flight
+        _query_tile(q_smem, q_ptr, first_row, T, H, ROWS, ROUND_Q)
         for jj in range(BLOCKS):
             j = first + jj
             next_ptr, next_ok = _block_page(pool_ptr, table_ptr, req_lo, reach, j + 1, NB, W, P)
@@ -234,6 +251,7 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
             gl.store(out + j, best * score_scale, mask=row_ok & (j < NB))
             page, ok = following, next_ok & (jj + 1 < BLOCKS)
     else:  # rows of several requests: each request's page of a block in turn
+        _query_tile(q_smem, q_ptr, first_row, T, H, ROWS, ROUND_Q)
         for jj in range(BLOCKS):
             j = first + jj
             best = gl.full((DOT_ROWS,), float("-inf"), gl.float32, layout=ROW_SLICE)
