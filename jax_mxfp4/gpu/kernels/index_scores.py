@@ -565,10 +565,11 @@ at 128 with 88 bytes spilled inside the walk: twelfth session.)"""
 PREFILL_GRID_PROGRAMS_PER_SM = 2
 """Programs per SM the prefill tile's grid keeps at least where each tile holds one
 request's rows: one wave of the two resident programs, fewer blocks per program only on
-small grids. A block costs far more than a program's start, so a longer walk in one wave
-beats shorter ones in two (RESULTS, fifteenth session: b1 q4096 ctx 8K 28.6 us against
-31.8 with 4 and 32.1 with 3; b4 q512 ctx 8K 20.4 against 22.7 with 4, though 19.3 with 3;
-the large cells, 8 blocks either way, unchanged)."""
+small grids. A program's start (its dependent metadata, page-id and page loads, its query
+tile) costs more than a block, so a longer walk in one wave beats shorter ones in two
+(RESULTS, fifteenth session: b1 q4096 ctx 8K 28.6 us against 31.8 with 4 and 32.1 with 3;
+b4 q512 ctx 8K 20.4 against 22.7 with 4, though 19.3 with 3; the large cells, 8 blocks
+either way, unchanged)."""
 
 PREFILL_GRID_PROGRAMS_PER_SM_ACROSS = 4
 """The same where tiles hold rows of several requests (``T // B`` not a multiple of the
