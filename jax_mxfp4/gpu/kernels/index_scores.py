@@ -230,7 +230,7 @@ def folded_row_maxima(dots, expo, first_nan_tok, sel, pos, tok, whole,
     check = True
     if FINITE_DOTS:
         check = expo > 0
-    overflow = pos != pos
+    overflow = pos != pos  # all false
     if whole:  # every selected row sees every token: no mask
         best = tl.reduce(dots, 1, _max_nan)
         if check:
@@ -555,11 +555,11 @@ PREFILL_TILE_REGISTERS = 128
 warps) per SM. At this cap the compiler keeps the rows' 64-bit output addresses (16 bytes)
 in local memory and loads them back once a block, after the block's dots, and its walk
 across requests also its 64-bit block counter and page address (``tests/test_gpu_compile.py``
-holds it to that); 168 registers, spill-free, leave one
-program per SM. Keeping the blocks' maxima in shared memory instead, stored after the walk
-(no spill in a request's walk), measured 1.03-1.13x slower (RESULTS, thirteenth session). (With
-one warpgroup of 64 rows, three programs at 168 registers were 1.08-1.16x faster than four
-at 128 with 88 bytes spilled inside the walk: twelfth session.)"""
+holds it to that); 168 registers, spill-free, leave one program per SM. Keeping the blocks'
+maxima in shared memory instead, stored after the walk (no spill in a request's walk),
+measured 1.03-1.13x slower (RESULTS, thirteenth session). (With one warpgroup of 64 rows,
+three programs at 168 registers were 1.08-1.16x faster than four at 128 with 88 bytes
+spilled inside the walk: twelfth session.)"""
 
 
 PREFILL_GRID_PROGRAMS_PER_SM = 2
