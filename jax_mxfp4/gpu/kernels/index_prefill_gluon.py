@@ -224,11 +224,16 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
                          NB, score_scale, H: gl.constexpr, ROWS: gl.constexpr,
                          BLOCKS: gl.constexpr, ROUND_Q: gl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
-    positions and requests ``s32[T]``. Program ``(i, b)``: rows ``i * ROWS ..`` (all ``H``
-    heads, ``ROWS * H <= 128`` dot rows) against blocks ``b * BLOCKS ..``. A tile of one
+    positions and requests ``s32[T]``. Program ``(i, b)`` of a grid ``(tiles, ..)``: rows
+    ``(tiles - 1 - i) * ROWS ..`` (all ``H`` heads, ``ROWS * H <= 128`` dot rows) against
+    blocks ``b * BLOCKS ..``. A tile of one
     request's rows walks its blocks with the next block's page in flight; a tile across
     requests (a chunk's end) scores each request's page of a block in turn."""
-    first_row = gl.program_id(0) * ROWS
+    # Tiles in reverse launch order: in a causal prompt the last tiles reach the most
+    # blocks, so each block range's programs for them start first and the first tiles'
+    # (empty: past their rows' reach) programs last, instead of taking SM slots that later
+    # working programs wait for (RESULTS, sixteenth session: b1 q4096 ctx 8K 1.09x).
+    first_row = (gl.num_programs(0) - 1 - gl.program_id(0)) * ROWS
     row, head, row_ok, pos, req, live = tile_rows(gl.arange(0, DOT_ROWS, layout=ROW_SLICE),
                                                   first_row, pos_ptr, req_ptr, T, B, H, ROWS)
     q_smem = gl.allocate_shared_memory(gl.float16, [DOT_ROWS, 128], OPERAND)
