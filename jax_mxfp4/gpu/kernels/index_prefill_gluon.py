@@ -226,9 +226,9 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. Program ``(i, b)`` of a grid ``(tiles, ..)``: rows
     ``(tiles - 1 - i) * ROWS ..`` (all ``H`` heads, ``ROWS * H <= 128`` dot rows) against
-    blocks ``b * BLOCKS ..``. A tile of one
-    request's rows walks its blocks with the next block's page in flight; a tile across
-    requests (a chunk's end) scores each request's page of a block in turn."""
+    blocks ``b * BLOCKS ..``. A tile of one request's rows walks its blocks with the next
+    block's page in flight; a tile across requests (a chunk's end) scores each request's page
+    of a block in turn."""
     # Tiles in reverse launch order: in a causal prompt the last tiles reach the most
     # blocks, so each block range's programs for them start first and the first tiles'
     # (empty: past their rows' reach) programs last, instead of taking SM slots that later
