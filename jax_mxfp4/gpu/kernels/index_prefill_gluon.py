@@ -232,7 +232,7 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
     # Tiles in reverse launch order: in a causal prompt the last tiles reach the most
     # blocks, so each block range's programs for them start first and the first tiles'
     # (empty: past their rows' reach) programs last, instead of taking SM slots that later
-    # working programs wait for (RESULTS, sixteenth session: b1 q4096 ctx 8K 1.09x).
+    # working programs wait for (RESULTS, sixteenth session).
     first_row = (gl.num_programs(0) - 1 - gl.program_id(0)) * ROWS
     row, head, row_ok, pos, req, live = tile_rows(gl.arange(0, DOT_ROWS, layout=ROW_SLICE),
                                                   first_row, pos_ptr, req_ptr, T, B, H, ROWS)

@@ -569,7 +569,9 @@ small grids. A program's start (its dependent metadata, page-id and page loads, 
 tile) costs more than a block, so a longer walk in one wave beats shorter ones in two
 (RESULTS, fifteenth session: b1 q4096 ctx 8K 28.6 us against 31.8 with 4 and 32.1 with 3;
 b4 q512 ctx 8K 20.4 against 22.7 with 4, though 19.3 with 3; the large cells, 8 blocks
-either way, unchanged)."""
+either way, unchanged). Those timings predate the prefill tile's reversed launch order
+(sixteenth session), so part of what they charged to a program's start was working programs
+waiting behind empty ones; the choice was not timed again since."""
 
 PREFILL_GRID_PROGRAMS_PER_SM_ACROSS = 4
 """The same where tiles hold rows of several requests (``T // B`` not a multiple of the
