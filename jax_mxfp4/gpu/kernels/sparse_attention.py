@@ -257,18 +257,22 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
                 ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, USE_FP8, PV_DTYPE, PTX)
         if i + 1 < PAGES:
             ok, k0, k1, k2, k3, ks, vw, vs = nxt
-    acc = tl.reshape(tl.permute(tl.join(acc_even, acc_odd), (0, 2, 1)), (GP, 128))
-    o = tl.where((l_i > 0)[:, None], acc, 0.0)  # columns in mxfp4.value_dims order
-    o = tl.where((m_i != m_i)[:, None], float("nan"), o)  # a poisoned q head (NaN max)
+    # a q head that saw nothing outputs zeros; a poisoned one (NaN max) NaN
+    seen, poisoned = (l_i > 0)[:, None], (m_i != m_i)[:, None]
+    even = tl.where(poisoned, float("nan"), tl.where(seen, acc_even, 0.0))
+    odd = tl.where(poisoned, float("nan"), tl.where(seen, acc_odd, 0.0))
     if SPLITS == 1:
+        o = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), (GP, 128))  # value_dims order
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8, PTX)
     else:
+        # the partial's columns in mxfp4.value_dims order: the even head dims, then the odd,
+        # stored as the two accumulators are (no layout change to join them)
         part = (r.to(tl.int64) * SPLITS + s) * GP + g
         tl.store(m_ptr + part, m_i)
         tl.store(l_ptr + part, l_i)
-        d = tl.arange(0, 128)
-        tl.store(out_ptr + part[:, None] * 128 + d[None, :], o.to(tl.bfloat16))
-
+        d = tl.arange(0, 64)
+        tl.store(out_ptr + part[:, None] * 128 + d[None, :], even.to(tl.bfloat16))
+        tl.store(out_ptr + part[:, None] * 128 + 64 + d[None, :], odd.to(tl.bfloat16))
 
 MERGE_IN_FLIGHT = tl.constexpr(16)
 """Splits whose partials the merge loads before it adds the first of them (an unrolled
@@ -299,8 +303,10 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
     partials (``o`` bf16 ``[R, SPLITS, GP, 128]``, ``m``/``l`` f32 ``[R, SPLITS, GP]``):
     weights ``exp(m_p - M) * l_p`` normalized before the sum (no overflow of a large V), the
     splits added in order; NaN where a split's ``m`` is NaN (a live logit was not finite).
-    Each split's stats are loaded again as ``[GP, 1]`` beside its partial: they broadcast
-    onto it in registers (a ``[GP]`` vector would change layout through shared memory)."""
+    Each split's stats are loaded as ``[GP, 1]`` beside its partial: they broadcast onto it
+    in registers (a ``[GP]`` vector would change layout through shared memory)."""
+    if SPLITS <= MERGE_IN_FLIGHT:
+        return _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP, SPLITS)
     first = r.to(tl.int64) * SPLITS * GP
     safe_m, inv_total, poisoned = _merge_stats(m_ptr, l_ptr, first, GP, SPLITS)
     g = tl.arange(0, GP)[:, None]
@@ -315,6 +321,38 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
             w = tl.where(l_p > 0, tl.exp2((m_p - safe_m) * LOG2E) * l_p, 0.0) * inv_total
             out += w * o_p.to(tl.float32)
     return tl.where(poisoned > 0, float("nan"), out)
+
+
+@triton.jit
+def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.constexpr):
+    """:func:`merge_partials` for a row of at most :data:`MERGE_IN_FLIGHT` splits, every
+    reduction over the splits within each thread and in split order: three unrolled passes
+    (the largest finite ``m``; the weights' total; the normalized weighted sum) that load each
+    split's ``[GP, 1]`` stats beside its partial, in the partial's layout, so nothing moves
+    between threads; the loads of all passes are independent of the arithmetic and issue
+    together."""
+    part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
+    poisoned = tl.zeros((GP, 1), tl.int1)
+    top = tl.full((GP, 1), float("-inf"), tl.float32)
+    for j in tl.static_range(SPLITS):
+        m_j = tl.load(m_ptr + part + j * GP)
+        poisoned = poisoned | (m_j != m_j)
+        top = tl.maximum(top, tl.where(m_j != m_j, float("-inf"), m_j))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros((GP, 1), tl.float32)
+    for j in tl.static_range(SPLITS):
+        m_j = tl.load(m_ptr + part + j * GP)
+        l_j = tl.load(l_ptr + part + j * GP)
+        total += tl.where(l_j > 0, tl.exp2((m_j - top) * LOG2E) * l_j, 0.0)
+    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+    out = tl.zeros((GP, cols.shape[0]), tl.float32)
+    for j in tl.static_range(SPLITS):
+        m_j = tl.load(m_ptr + part + j * GP)
+        l_j = tl.load(l_ptr + part + j * GP)
+        o_j = tl.load(o_ptr + (part + j * GP) * 128 + cols[None, :])
+        w = tl.where(l_j > 0, tl.exp2((m_j - top) * LOG2E) * l_j, 0.0) * inv_total
+        out += w * o_j.to(tl.float32)
+    return tl.where(poisoned, float("nan"), out)
 
 
 @triton.jit
