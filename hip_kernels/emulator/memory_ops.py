@@ -81,6 +81,12 @@ def build_global(ctx, pi, base):
     is_load = kind == "load"
     mods = dict(pi.modifiers)
     check_fields(ctx, mods, CACHE_POLICY | {"offset"})
+    # A d16_hi store writes the data VGPR's high half (short) or bits 16..23 (byte): LLVM
+    # selects it for `store (extractelement <2 x i16> %v, 1)` (test/CodeGen/AMDGPU/
+    # store-hi16.ll, where gfx9 without it emits v_lshrrev_b32 16 and the plain store).
+    high_half = not is_load and suffix in ("short_d16_hi", "byte_d16_hi")
+    if high_half:
+        suffix = suffix.removesuffix("_d16_hi")
     if suffix.endswith(("_d16", "_d16_hi")) or (is_load and suffix not in LOAD_SIZES) or (
             not is_load and suffix not in STORE_SIZES):
         raise ctx.fail(f"{base} is not modelled")
@@ -128,6 +134,8 @@ def build_global(ctx, pi, base):
         active = m.exec[w]
         addrs = address(m, w)[active]
         words = np.stack([m.v[data_reg + i][w][active] for i in range(nregs)], axis=1)
+        if high_half:
+            words = words >> U32(16)
         data = np.ascontiguousarray(words).view(np.uint8)[:, :size]
         try:
             m.memory.write(addrs, data)
