@@ -347,7 +347,7 @@ def fp8_dots(rounds: int = 2, labels=("b1 q4096 ctx 8K", "b8 q2048 ctx 16K", "b3
 def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
                 rows=(1, 8, 32, 128, 256)) -> None:
     """The bench's sparse-attention decode cells (rows x 16 pages) lowered with
-    ``plans.PAGES_PER_SPLIT`` set to each of ``per_split`` and
+    ``plans.TRITON_PAGES_PER_SPLIT`` set to each of ``per_split`` and
     ``sparse_attention.REDUCE_BLOCKS`` to each of ``blocks`` in turn (the lowering reads both
     when a call is lowered, so each setting compiles its own kernels), ``rounds`` times
     interleaved: CUPTI device time per call by kernel, the split kernel and its merge side by
@@ -355,17 +355,17 @@ def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
     from jax_mxfp4 import plans
     from jax_mxfp4.gpu.kernels import sparse_attention
 
-    saved = plans.PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS
+    saved = plans.TRITON_PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS
     try:
         for r in range(rounds):
             for pages in per_split:
                 for per_program in blocks:
-                    plans.PAGES_PER_SPLIT = pages
+                    plans.TRITON_PAGES_PER_SPLIT = pages
                     sparse_attention.REDUCE_BLOCKS = per_program
                     _attention_cells(f"round {r} {pages} pages/split, {per_program} blocks/"
                                      f"merge program,", rows)
     finally:
-        plans.PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS = saved
+        plans.TRITON_PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS = saved
 
 
 PLAIN = "--plain" in sys.argv

@@ -1,9 +1,10 @@
 """Same bits whatever the batch (SPEC §15.15) on the GPU's kernels: each operation on a batch
 of rows and on subsets of it (first row, first 8, first 32, shuffled), shared rows bit-equal
 (the checks: ``tests/batch_invariance.py``). The split-K plan of attention follows the page
-table only (``plans.attention_splits``) and its warp count is fixed, so a row's partitions and
-reductions are the same in any batch; the one-row index tiles' warps and blocks per program
-follow the grid, and their sums run in the same order whatever they are."""
+table only (``plans.attention_splits`` at ``plans.TRITON_PAGES_PER_SPLIT``) and its warp
+count is fixed, so a row's partitions and reductions are the same in any batch; the one-row
+index tiles' warps and blocks per program follow the grid, and their sums run in the same
+order whatever they are."""
 
 from __future__ import annotations
 

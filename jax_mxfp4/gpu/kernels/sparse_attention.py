@@ -28,11 +28,10 @@ import triton
 import triton.language as tl
 from jax.core import ShapedArray
 
-from jax_mxfp4 import formats, scaling
+from jax_mxfp4 import formats, plans, scaling
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.plans import attention_splits
 
 LOG2E = tl.constexpr(1.4426950408889634)
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)
@@ -276,7 +275,9 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
 
 MERGE_IN_FLIGHT = tl.constexpr(16)
 """Splits whose partials the merge loads before it adds the first of them (an unrolled
-block): a decode row's splits (16 pages or fewer) arrive in one round trip."""
+block): a row of at most this many splits (a decode row's top-16 pages) merges in one round
+trip and within each thread (:func:`_merge_in_flight`); a longer row merges in blocks of it
+after one pass over its stats."""
 
 
 @triton.jit
@@ -411,10 +412,11 @@ depend on the batch (SPEC §15.15). Four was the faster count from 32 rows on (R
 
 
 def plan(group: int, num_pages: int) -> Plan:
-    """``GP`` dot rows and the split-K plan of ``plans.attention_splits`` (shared with the
-    gfx950 kernels): both from the q-head group and the page-table width only."""
+    """``GP`` dot rows and the split-K plan of ``plans.attention_splits`` at
+    ``plans.TRITON_PAGES_PER_SPLIT`` pages a split (read when called): both from the q-head
+    group and the page-table width only."""
     gp = max(16, triton.next_power_of_2(group))
-    splits = attention_splits(num_pages)
+    splits = plans.attention_splits(num_pages, plans.TRITON_PAGES_PER_SPLIT)
     pages = triton.cdiv(max(num_pages, 1), splits)
     return Plan(gp, splits, pages, ATTENTION_WARPS)
 
