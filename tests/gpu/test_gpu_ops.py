@@ -304,13 +304,13 @@ def test_sparse_attention(rng, rows, q_dtype):
     assert np.all(out[0].astype(np.float32) == 0)
 
 
-@pytest.mark.parametrize("rows,pages", [(1, 16), (600, 2)], ids=["split", "direct"])
+@pytest.mark.parametrize("rows,pages", [(1, 16), (600, 1)], ids=["split", "direct"])
 def test_sparse_attention_pv_range(rng, rows, pages):
     """SPEC §7 "PV range": |V| up to 1.5 * 2**127 stays finite, through the split-K merge
-    (16 pages: 8 partitions of 2) and the direct path (a page table 2 pages wide: 1)."""
+    (16 pages: 16 partitions of 1) and the direct path (a page table 1 page wide)."""
     from jax_mxfp4.gpu.kernels.sparse_attention import plan
 
-    assert (plan(16, pages).splits == 1) == (pages == 2)
+    assert (plan(16, pages).splits == 1) == (pages == 1)
     ctx = np.full((rows, 1), pages * 128, np.int32)
     ctx[-1, 0] = pages * 128 - 49
     case = large_value_case(rng, ctx, group=16, n_pages=pages)
