@@ -3,11 +3,12 @@ epilogue (SPEC §7, §8, §15.9).
 
 Row ``r = t * Hkv + h`` attends with its ``G`` q heads (``GP`` dot rows, G padded to 16) over
 the first ``context_lens[t, h]`` virtual tokens of its pages. ``attention_kernel`` program
-``(r, s)`` takes pages ``s * PAGES .. s * PAGES + PAGES - 1`` with an online base-2 softmax:
+``(r, s)`` takes pages ``s * PAGES .. s * PAGES + PAGES - 1`` (the plan's ``PAGES``: one,
+``plans.TRITON_PAGES_PER_SPLIT``) with an online base-2 softmax:
 QK as four ``K = 32`` tensor-core dots per page (``mxfp4.page_logits``, the bf16 query
 normalized per q head to e4m3 as the reference does), P in bf16 against V dequantized exactly
-to bf16, the even and the odd head dimensions as two dots (``mxfp4.page_values``). A page's
-bytes are loaded one page ahead of its arithmetic (software pipelining over the split). P is
+to bf16, the even and the odd head dimensions as two dots (``mxfp4.page_values``). Where a
+program walks several pages, a page's bytes are loaded one page ahead of its arithmetic. P is
 divided by the running sum before the PV dot, so the accumulator is always a weighted mean of
 V and cannot overflow where the output is finite (SPEC §7 "PV range"). With
 one split the kernel stores the output itself (bf16, or the MXFP8 values and scales); with
