@@ -274,11 +274,20 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         tl.store(out_ptr + part[:, None] * 128 + d[None, :], even.to(tl.bfloat16))
         tl.store(out_ptr + part[:, None] * 128 + 64 + d[None, :], odd.to(tl.bfloat16))
 
+
 MERGE_IN_FLIGHT = tl.constexpr(16)
 """Splits whose partials the merge loads before it adds the first of them (an unrolled
 block): a row of at most this many splits (a decode row's top-16 pages) merges in one round
 trip and within each thread (:func:`_merge_in_flight`); a longer row merges in blocks of it
 after one pass over its stats."""
+
+
+@triton.jit
+def _split_weight(m, total, top):
+    """A split's weight in its row's merge, ``exp(m - top) * total`` from its running max and
+    sum (0 where it saw nothing, ``total == 0``), ``top`` the row's largest finite ``m`` (0
+    where there is none)."""
+    return tl.where(total > 0, tl.exp2((m - top) * LOG2E) * total, 0.0)
 
 
 @triton.jit
@@ -293,7 +302,7 @@ def _merge_stats(m_ptr, l_ptr, first, GP: tl.constexpr, SPLITS: tl.constexpr):
     poisoned = tl.max((m_t != m_t).to(tl.int32), axis=0)
     safe_m = tl.max(tl.where(m_t != m_t, float("-inf"), m_t), axis=0)
     safe_m = tl.where(safe_m == float("-inf"), 0.0, safe_m)
-    total = tl.sum(tl.where(l_t > 0, tl.exp2((m_t - safe_m[None, :]) * LOG2E) * l_t, 0.0), 0)
+    total = tl.sum(_split_weight(m_t, l_t, safe_m[None, :]), 0)
     inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
     return (tl.reshape(safe_m, (GP, 1)), tl.reshape(inv_total, (GP, 1)),
             tl.reshape(poisoned, (GP, 1)))
@@ -320,7 +329,7 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
             m_p = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
             l_p = tl.load(l_ptr + part, mask=ok, other=0.0)
             o_p = tl.load(o_ptr + part * 128 + cols[None, :], mask=ok, other=0.0)
-            w = tl.where(l_p > 0, tl.exp2((m_p - safe_m) * LOG2E) * l_p, 0.0) * inv_total
+            w = _split_weight(m_p, l_p, safe_m) * inv_total
             out += w * o_p.to(tl.float32)
     return tl.where(poisoned > 0, float("nan"), out)
 
@@ -345,14 +354,14 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     for j in tl.static_range(SPLITS):
         m_j = tl.load(m_ptr + part + j * GP)
         l_j = tl.load(l_ptr + part + j * GP)
-        total += tl.where(l_j > 0, tl.exp2((m_j - top) * LOG2E) * l_j, 0.0)
+        total += _split_weight(m_j, l_j, top)
     inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
     out = tl.zeros((GP, cols.shape[0]), tl.float32)
     for j in tl.static_range(SPLITS):
         m_j = tl.load(m_ptr + part + j * GP)
         l_j = tl.load(l_ptr + part + j * GP)
         o_j = tl.load(o_ptr + (part + j * GP) * 128 + cols[None, :])
-        w = tl.where(l_j > 0, tl.exp2((m_j - top) * LOG2E) * l_j, 0.0) * inv_total
+        w = _split_weight(m_j, l_j, top) * inv_total
         out += w * o_j.to(tl.float32)
     return tl.where(poisoned, float("nan"), out)
 
