@@ -291,6 +291,14 @@ def _split_weight(m, total, top):
 
 
 @triton.jit
+def _reciprocal_or_zero(total):
+    """``1 / total`` of a row's merge weights where ``total > 0``, 0 where no split saw
+    anything: the division never sees a zero. (``_attend_page``'s ``inv_l`` is the same
+    expression, written inline: as a call it compiled to different SASS.)"""
+    return tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+
+
+@triton.jit
 def _merge_stats(m_ptr, l_ptr, first, GP: tl.constexpr, SPLITS: tl.constexpr):
     """Over the ``[SPLITS, GP]`` stats at ``first``: each q head's largest finite ``m`` (0
     where none), ``1 / sum(exp(m_p - M) * l_p)`` (0 where nothing was seen), as ``[GP, 1]``,
@@ -303,7 +311,7 @@ def _merge_stats(m_ptr, l_ptr, first, GP: tl.constexpr, SPLITS: tl.constexpr):
     safe_m = tl.max(tl.where(m_t != m_t, float("-inf"), m_t), axis=0)
     safe_m = tl.where(safe_m == float("-inf"), 0.0, safe_m)
     total = tl.sum(_split_weight(m_t, l_t, safe_m[None, :]), 0)
-    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+    inv_total = _reciprocal_or_zero(total)
     return (tl.reshape(safe_m, (GP, 1)), tl.reshape(inv_total, (GP, 1)),
             tl.reshape(poisoned, (GP, 1)))
 
@@ -355,7 +363,7 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
         m_j = tl.load(m_ptr + part + j * GP)
         l_j = tl.load(l_ptr + part + j * GP)
         total += _split_weight(m_j, l_j, top)
-    inv_total = tl.where(total > 0, 1.0 / tl.where(total > 0, total, 1.0), 0.0)
+    inv_total = _reciprocal_or_zero(total)
     out = tl.zeros((GP, cols.shape[0]), tl.float32)
     for j in tl.static_range(SPLITS):
         m_j = tl.load(m_ptr + part + j * GP)
