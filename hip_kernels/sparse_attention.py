@@ -43,7 +43,7 @@ from jax.core import ShapedArray
 from jax_mxfp4.formats import PAGE_BYTES
 from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
 from jax_mxfp4.gpu import launch as launcher
-from jax_mxfp4.plans import attention_splits
+from jax_mxfp4.plans import PAGES_PER_SPLIT, attention_splits
 from jax_mxfp4.scaling import FLT_MIN
 
 from . import _ir as ir
@@ -370,11 +370,11 @@ def _shape(call) -> tuple[int, int, int, int]:
 
 def _specs(call) -> tuple[Specialization, Specialization | None, int]:
     """(attention kernel, merge kernel or ``None``, partitions NP) of a call: the direct
-    kernel when ``plans.attention_splits`` gives one partition, else the split kernel (bf16
-    partials whatever the output) and the merge."""
+    kernel when ``plans.attention_splits`` at ``plans.PAGES_PER_SPLIT`` gives one partition,
+    else the split kernel (bf16 partials whatever the output) and the merge."""
     _, group, n, _ = _shape(call)
     q, output = _launch.q_dtype(call.avals_in[0]), call.params["output"]
-    partitions = attention_splits(n)
+    partitions = attention_splits(n, PAGES_PER_SPLIT)
     if partitions == 1:
         return (Specialization("sparse_attention", q=q, group=group, output=output,
                                path="direct"), None, 1)

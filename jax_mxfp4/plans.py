@@ -22,11 +22,11 @@ backend's, so the two constants may differ; each is one number, never a function
 grid."""
 
 
-def attention_splits(pages_per_row: int, pages_per_split: int = PAGES_PER_SPLIT) -> int:
+def attention_splits(pages_per_row: int, pages_per_split: int) -> int:
     """Split-K partitions per sparse-attention row for a page table ``pages_per_row`` wide
-    (1: the direct, unsplit kernel) at ``pages_per_split`` pages a partition (the FlyDSL
-    kernels': :data:`PAGES_PER_SPLIT`; the Triton kernels pass
-    :data:`TRITON_PAGES_PER_SPLIT`)."""
+    (1: the direct, unsplit kernel) at ``pages_per_split`` pages a partition, which each
+    backend passes: :data:`PAGES_PER_SPLIT` (FlyDSL), :data:`TRITON_PAGES_PER_SPLIT`
+    (Triton). No default, so no caller takes another backend's plan by leaving it out."""
     return max(1, -(-pages_per_row // pages_per_split))
 
 
