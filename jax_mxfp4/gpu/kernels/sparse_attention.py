@@ -276,10 +276,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
 
 
 MERGE_IN_FLIGHT = tl.constexpr(16)
-"""Splits whose partials the merge loads before it adds the first of them (an unrolled
-block): a row of at most this many splits (a decode row's top-16 pages) merges in one round
-trip and within each thread (:func:`_merge_in_flight`); a longer row merges in blocks of it
-after one pass over its stats."""
+"""The most splits the merge takes unrolled: a row of at most this many (a decode row's
+top-16 pages) merges within each thread (:func:`_merge_in_flight`); a longer row merges its
+partials in unrolled blocks of this many, loaded before the block's first add, after one
+pass over its stats."""
 
 
 @triton.jit
@@ -348,8 +348,9 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     reduction over the splits within each thread and in split order: three unrolled passes
     (the largest finite ``m``; the weights' total; the normalized weighted sum) that load each
     split's ``[GP, 1]`` stats beside its partial, in the partial's layout, so nothing moves
-    between threads; the loads of all passes are independent of the arithmetic and issue
-    together."""
+    between threads. A pass's loads do not wait on the one before it, but the compiler places
+    them: on sm_90 the ``m`` loads come first and the ``l`` and ``o`` loads among the
+    passes' arithmetic (the repeated loads of ``m`` and ``l`` are one load each)."""
     part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
     poisoned = tl.zeros((GP, 1), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
