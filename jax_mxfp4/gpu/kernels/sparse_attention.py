@@ -141,11 +141,10 @@ def page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES):
 
 
 @triton.jit
-def _page_bytes(k_ptr, v_ptr, table_ptr, r, h, p, ctx, HKV, P, NPAGES):
-    """Issue every load of page ``p`` of row ``r`` (K codes and scales, V codes and scales)
-    and return the raw bytes with whether the page holds live tokens (:func:`page_offset`):
-    a page that is not loads nothing and is skipped."""
-    ok, base = page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES)
+def _page_bytes(k_ptr, v_ptr, ok, base):
+    """Issue every load of the page at byte offset ``base`` that :func:`page_offset` gave
+    (K codes and scales, V codes and scales) and return the raw bytes with whether the page
+    holds live tokens: a page that is not loads nothing and is skipped."""
     k0, k1, k2, k3, k_scales = mxfp4.load_keys(k_ptr + base, ok)
     v_words, v_scales = mxfp4.page_bytes(v_ptr + base, ok)
     return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
@@ -236,21 +235,26 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     h = r % HKV
     g = tl.arange(0, GP)
     g_ok = g < G
+    ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
+    # The context and the first page's id are asked for before the query, so that they are
+    # there when the query's normalization ends and the page's loads go out (a page's loads
+    # come after the query's arithmetic: Triton moves the bytes into other layouts right
+    # after their load, which would wait for them first).
+    ok, base = page_offset(table_ptr, r, h, s * PAGES, ctx, HKV, P, NPAGES)
     qrow = t.to(tl.int64) * HKV * G + h * G + g
     q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, USE_FP8, PTX)
-    ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc_even = tl.zeros((GP, 64), tl.float32)  # head dimensions 0, 2, .., 126
     acc_odd = tl.zeros((GP, 64), tl.float32)  # 1, 3, .., 127
     # Software-pipelined over the split's pages: page i + 1's bytes are in flight while page
     # i is computed (a program walks only PAGES pages, so this hides every load but the first).
-    ok, k0, k1, k2, k3, ks, vw, vs = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES, ctx,
-                                                 HKV, P, NPAGES)
+    ok, k0, k1, k2, k3, ks, vw, vs = _page_bytes(k_ptr, v_ptr, ok, base)
     for i in tl.static_range(PAGES):
         if i + 1 < PAGES:
-            nxt = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i + 1, ctx, HKV, P,
-                              NPAGES)
+            nxt_ok, nxt_base = page_offset(table_ptr, r, h, s * PAGES + i + 1, ctx, HKV, P,
+                                           NPAGES)
+            nxt = _page_bytes(k_ptr, v_ptr, nxt_ok, nxt_base)
         if ok:
             m_i, l_i, acc_even, acc_odd = _attend_page(
                 q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, ks, vw, vs, (s * PAGES + i) * 128,
