@@ -346,9 +346,10 @@ def fp16_keys(q_dtype, use_fp8, ptx) -> bool:
 
 
 @triton.jit
-def group_dot(q_g, codes, s_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
-    """``(q_g . K_g^T) * 2**(s_g - smax)``: one scale group's logits, ``f32 [M, N]``, from the
-    group's code bytes ``uint8 [N, 16]``, in the units of :func:`key_exponent`.
+def group_dot(q_g, codes, factor, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+    """``(q_g . K_g^T) * factor``: one scale group's logits, ``f32 [M, N]``, from the group's
+    code bytes ``uint8 [N, 16]`` and a factor per key ``f32 [N]`` (``2**(s_g - smax)`` puts
+    them in the units of :func:`key_exponent`).
 
     ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16 holding
     e4m3 values, or bf16). The keys go in as e4m3 ``e2m1 * 2**-6`` (converted to ``q_g``'s
@@ -361,7 +362,7 @@ def group_dot(q_g, codes, s_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
         dots = tl.dot(q_g, tl.trans(nibbles_fp16(codes)))
     else:
         dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes).to(q_g.dtype)))
-    return dots * pow2(s_g - smax)[None, :]
+    return dots * factor[None, :]
 
 
 @triton.jit
@@ -386,12 +387,15 @@ def scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
                 USE_FP8: tl.constexpr, PTX: tl.constexpr):
     """The four group dots of a page, each scaled by ``2**(byte - ref)`` (:func:`group_dot`;
     ``ref`` each token's largest byte, or one byte for the page), summed: ``f32 [M, 128]`` in
-    the units of :func:`key_exponent` of ``ref``; NaN for the tokens ``nan_keys`` marks."""
-    dots = group_dot(q0, b0, s0, ref, USE_FP8, PTX)
-    dots += group_dot(q1, b1, s1, ref, USE_FP8, PTX)
-    dots += group_dot(q2, b2, s2, ref, USE_FP8, PTX)
-    dots += group_dot(q3, b3, s3, ref, USE_FP8, PTX)
-    return tl.where(nan_keys[None, :], float("nan"), dots)
+    the units of :func:`key_exponent` of ``ref``; NaN for the tokens ``nan_keys`` marks, put
+    in group 0's factor (a NaN factor makes the token's every dot NaN: one select per token
+    instead of one per logit)."""
+    first = tl.where(nan_keys, float("nan"), pow2(s0 - ref))
+    dots = group_dot(q0, b0, first, USE_FP8, PTX)
+    dots += group_dot(q1, b1, pow2(s1 - ref), USE_FP8, PTX)
+    dots += group_dot(q2, b2, pow2(s2 - ref), USE_FP8, PTX)
+    dots += group_dot(q3, b3, pow2(s3 - ref), USE_FP8, PTX)
+    return dots
 
 
 @triton.jit
