@@ -352,16 +352,25 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     reduction over the splits within each thread and in split order: three unrolled passes
     (the largest finite ``m``; the weights' total; the normalized weighted sum) that load each
     split's ``[GP, 1]`` stats beside its partial, in the partial's layout, so nothing moves
-    between threads. A pass's loads do not wait on the one before it, but the compiler places
-    them: on sm_90 the ``m`` loads come first and the ``l`` and ``o`` loads among the
-    passes' arithmetic (the repeated loads of ``m`` and ``l`` are one load each)."""
+    between threads.
+
+    The first pass reads every split's ``m``, ``l`` and ``o`` (the later passes' loads of
+    them are the same loads): ptxas places each load close to its first use, so while the
+    first pass read only ``m``, the ``l`` loads went out after it and the ``o`` loads after
+    the second pass (three round trips to memory). The extra reads change no output: ``l ==
+    0`` only where ``m`` is -inf (a split that saw no token), and a NaN in a split's ``o``
+    makes that output NaN in the weighted sum anyway (``0 * NaN`` is NaN). On sm_90 the
+    stats and 11 of the 16 ``o`` loads now go out before any arithmetic, the other 5 after
+    the second pass (RESULTS, eighteenth session)."""
     part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
-    poisoned = tl.zeros((GP, 1), tl.int1)
+    poisoned = tl.zeros((GP, cols.shape[0]), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
     for j in tl.static_range(SPLITS):
+        o_j = tl.load(o_ptr + (part + j * GP) * 128 + cols[None, :])
         m_j = tl.load(m_ptr + part + j * GP)
-        poisoned = poisoned | (m_j != m_j)
-        top = tl.maximum(top, tl.where(m_j != m_j, float("-inf"), m_j))
+        l_j = tl.load(l_ptr + part + j * GP)
+        poisoned = poisoned | (m_j != m_j) | (o_j != o_j)
+        top = tl.maximum(top, tl.where((m_j != m_j) | (l_j == 0), float("-inf"), m_j))
     top = tl.where(top == float("-inf"), 0.0, top)
     total = tl.zeros((GP, 1), tl.float32)
     for j in tl.static_range(SPLITS):
