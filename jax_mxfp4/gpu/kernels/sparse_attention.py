@@ -359,9 +359,10 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     first pass read only ``m``, the ``l`` loads went out after it and the ``o`` loads after
     the second pass (three round trips to memory). The extra reads change no output: ``l ==
     0`` only where ``m`` is -inf (a split that saw no token), and a NaN in a split's ``o``
-    makes that output NaN in the weighted sum anyway (``0 * NaN`` is NaN). On sm_90 the
-    stats and 11 of the 16 ``o`` loads now go out before any arithmetic, the other 5 after
-    the second pass (RESULTS, eighteenth session)."""
+    makes that output NaN in the weighted sum anyway (``0 * NaN`` is NaN). On sm_90 every
+    ``m`` and ``l`` load now goes out first, 11 of the 16 ``o`` loads during the first pass
+    (once the first ``m`` is there) and the other 5 after the second: two round trips and
+    part of a third (RESULTS, eighteenth session)."""
     part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
     poisoned = tl.zeros((GP, cols.shape[0]), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
