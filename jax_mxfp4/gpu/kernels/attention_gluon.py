@@ -66,6 +66,8 @@ MERGE = gl.constexpr(gl.BlockedLayout(size_per_thread=[NUM_WARPS, 1, 8],
 warp's value of an element in one thread: the merge adds them in registers."""
 STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                order=[2, 1, 0]))
+OPERANDS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+"""The query's eight ``[16, 16]`` operands ``[8, 16, 16]`` in shared memory, unswizzled."""
 
 
 @triton.jit
@@ -176,61 +178,91 @@ def _value_operands(v_codes, v_scales, live):
 
 
 @gluon.jit
-def _query(q_ptr, qrow, g_ok, Q_IS_FP8: gl.constexpr):
-    """The query rows normalized once per program (SPEC §15.9: ``q_scale = max(amax / 448,
-    FLT_MIN)`` per q head, e4m3-rounded; an e4m3 query as is), as the eight A operands ``fp16
-    [warp, 16, 16]`` (group, nibble; the same in every warp, in ``key_column`` order), with
-    each head's scale exponent and mantissa."""
-    rows = gl.convert_layout(qrow, gl.SliceLayout(1, Q_TILE))
-    ok = gl.convert_layout(g_ok, gl.SliceLayout(1, Q_TILE))
+def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
+    """The query rows ``first_row ..`` (``G`` of 16) normalized once per program (SPEC §15.9:
+    ``q_scale = max(amax / 448, FLT_MIN)`` per q head, e4m3-rounded; an e4m3 query as is), as
+    the eight A operands ``fp16 [warp, 16, 16]`` (group, nibble; the same in every warp, in
+    ``key_column`` order), with each head's scale exponent and mantissa (``[warp, 16]``,
+    ``ROWS``). The tile is normalized spread over the program's threads (16 elements a
+    thread), then the eight operands go through one shared-memory buffer, read back after the
+    stores in their operand layout. Triton's barrier pass still separates the eight stores (it
+    does not tell the slots of one buffer apart): the prologue has 13 barriers where eight
+    layout changes took 24."""
+    m = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_TILE))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_TILE))
-    x = gl.load(q_ptr + rows[:, None] * 128 + d[None, :], mask=ok[:, None], other=0.0)
+    x = gl.load(q_ptr + (first_row + m)[:, None] * 128 + d[None, :], mask=(m < G)[:, None],
+                other=0.0)
+    per_head: gl.constexpr = gl.SliceLayout(1, Q_TILE)
     if Q_IS_FP8:
-        q_exp = gl.zeros((16,), gl.int32, layout=gl.SliceLayout(1, Q_TILE))
-        q_mant = gl.full((16,), 1.0, gl.float32, layout=gl.SliceLayout(1, Q_TILE))
+        q_exp = gl.zeros((16,), gl.int32, layout=per_head)
+        q_mant = gl.full((16,), 1.0, gl.float32, layout=per_head)
         qn = x.to(gl.float16)
     else:
         bits = x.to(gl.int16, bitcast=True).to(gl.int32) & 0x7FFF
         amax = (gl.max(bits, axis=1) << 16).to(gl.float32, bitcast=True)
-        q_scale = gl.maximum(gl.div_rn(amax, gl.full((16,), 448.0, gl.float32,
-                                                     layout=gl.SliceLayout(1, Q_TILE))),
+        q_scale = gl.maximum(gl.div_rn(amax, gl.full((16,), 448.0, gl.float32, per_head)),
                              FLT_MIN)
         sbits = q_scale.to(gl.int32, bitcast=True)
         q_exp = ((sbits >> 23) & 0xFF) - 127
         q_mant = ((sbits & 0x7FFFFF) | 0x3F800000).to(gl.float32, bitcast=True)
-        quotient = gl.div_rn(x.to(gl.float32), q_scale[:, None])
+        # one division per q head, then the correctly rounded quotient per element
+        inv = gl.div_rn(gl.full((16,), 1.0, gl.float32, per_head), q_scale)
+        quotient = mxfp4.quotient_rn(x.to(gl.float32), q_scale[:, None], inv[:, None])
         qn = mxfp4.round_e4m3(quotient, True).to(gl.float16)
-    g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h = query_operand_order(qn)
-    operands = (_per_warp(g0l), _per_warp(g0h), _per_warp(g1l), _per_warp(g1h),
-                _per_warp(g2l), _per_warp(g2h), _per_warp(g3l), _per_warp(g3h))
-    return operands, q_exp, q_mant
+    parts = query_operand_order(qn)
+    staged = gl.allocate_shared_memory(gl.float16, [8, 16, 16], OPERANDS)
+    for i in gl.static_range(8):
+        staged.index(i).store(parts[i])
+    gl.thread_barrier()
+    operand: gl.constexpr = gl.SliceLayout(0, A_OP)
+    zeros = gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP)
+    qa = (gl.broadcast(staged.index(0).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(1).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(2).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(3).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(4).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(5).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(6).load(operand)[None, :, :], zeros)[0],
+          gl.broadcast(staged.index(7).load(operand)[None, :, :], zeros)[0])
+    rows: gl.constexpr = gl.SliceLayout(0, ROWS)
+    return (qa, gl.convert_layout(q_exp, rows)[None, :],
+            gl.convert_layout(q_mant, rows)[None, :])
 
 
 @gluon.jit
-def _per_warp(x):
-    """A ``[16, 16]`` query operand, the same in every warp: ``[warp, 16, 16]`` in ``A_OP``."""
-    y = gl.convert_layout(x, gl.SliceLayout(0, A_OP))[None, :, :]
-    return gl.broadcast(y, gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP))[0]
+def _warp_reference(smax, live):
+    """Each warp's reference scale byte for a page: the largest of its live tokens' bytes that
+    are not NaN keys (0 where none), ``int32 [WARPS]`` (``SliceLayout(1, TOKENS)``): a
+    reduction within the warp (its 32 tokens lie across its lanes), nothing crosses warps.
+    The rule is ``sparse_attention._page_dots``' per warp: a token whose every group lies more
+    than 126 binades below its warp's reference gets dots of 0."""
+    return gl.max(gl.where(live & (smax != mxfp4.NAN_BYTE), smax, 0), axis=1)
 
 
 @gluon.jit
-def _attend(qa, q_exp, q_mant, page, first_tok, ctx, sm_scale, m_i, l_i, acc_lo, acc_hi, g_ok):
-    """One page of each warp's online softmax (``_attend_page`` per warp): returns the updated
-    ``(m_i, l_i, acc_lo, acc_hi)``."""
+def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_i, l_i, acc_lo, acc_hi, g_ok):
+    """One page of each warp's online softmax (``_attend_page`` per warp, with a page
+    reference of each warp's own: :func:`_warp_reference`): returns the updated ``(m_i, l_i,
+    acc_lo, acc_hi)``. ``q_factor``: each head's ``q_mant * sm_scale``."""
     _, k0, k1, k2, k3, k_scales, v_codes, v_scales = page
     s0, s1 = mxfp4.scale_byte(k_scales, 0), mxfp4.scale_byte(k_scales, 1)
     s2, s3 = mxfp4.scale_byte(k_scales, 2), mxfp4.scale_byte(k_scales, 3)
     smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
-    zero = gl.zeros((WARPS, 16, 32), gl.float32, layout=ACC)
-    dots = _group_dot(qa[0], qa[1], k0, zero) * mxfp4.pow2(s0 - smax)[:, None, :]
-    dots += _group_dot(qa[2], qa[3], k1, zero) * mxfp4.pow2(s1 - smax)[:, None, :]
-    dots += _group_dot(qa[4], qa[5], k2, zero) * mxfp4.pow2(s2 - smax)[:, None, :]
-    dots += _group_dot(qa[6], qa[7], k3, zero) * mxfp4.pow2(s3 - smax)[:, None, :]
-    dots = gl.where((smax == mxfp4.NAN_BYTE)[:, None, :], float("nan"), dots)
-    k_exp = smax - 127 + 14
-    logits = mxfp4.mul_pow2(dots, k_exp[:, None, :] + q_exp[:, :, None])
-    logits = logits * q_mant[:, :, None] * sm_scale
     live = (first_tok + _warp_tokens(TOKENS)) < ctx
+    ref = _warp_reference(smax, live)
+    ref_t = ref[:, None]
+    zero = gl.zeros((WARPS, 16, 32), gl.float32, layout=ACC)
+    # a NaN key (scale byte 255) through group 0's factor: one select per token
+    first = gl.where(smax == mxfp4.NAN_BYTE, float("nan"), mxfp4.pow2(s0 - ref_t))
+    dots = _group_dot(qa[0], qa[1], k0, zero) * first[:, None, :]
+    dots += _group_dot(qa[2], qa[3], k1, zero) * mxfp4.pow2(s1 - ref_t)[:, None, :]
+    dots += _group_dot(qa[4], qa[5], k2, zero) * mxfp4.pow2(s2 - ref_t)[:, None, :]
+    dots += _group_dot(qa[6], qa[7], k3, zero) * mxfp4.pow2(s3 - ref_t)[:, None, :]
+    # q . k = dots * 2**(ref - 127 + 14 + q_exp) * q_mant: two powers of two and one factor
+    # per (warp, head), as sparse_attention._scaled_logits takes them per head
+    expo = gl.convert_layout(ref, gl.SliceLayout(1, ROWS))[:, None] - 127 + 14 + q_exp
+    f1, f2 = mxfp4.pow2_factors(expo)
+    logits = dots * f1[:, :, None] * f2[:, :, None] * q_factor[:, :, None]
     seen = live[:, None, :] & g_ok[:, :, None]
     logits = gl.where(gl.abs(logits) == float("inf"), float("nan"), logits)
     logits = gl.where(seen, logits, float("-inf"))
@@ -270,21 +302,28 @@ def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr
     h = r % HKV
     g = gl.arange(0, 16, layout=gl.SliceLayout(0, ROWS))
     g_ok = g < G
-    qrow = t.to(gl.int64) * HKV * G + h * G + g
-    qa, q_exp, q_mant = _query(q_ptr, qrow, g_ok, Q_IS_FP8)
-    q_exp = gl.convert_layout(q_exp, gl.SliceLayout(0, ROWS))[None, :]
-    q_mant = gl.convert_layout(q_mant, gl.SliceLayout(0, ROWS))[None, :]
-    g_ok2 = g_ok[None, :]
+    # The context, the page id and the page's bytes are asked for before the query: the
+    # page's loads land in the layouts that use them, so nothing waits for them before the
+    # query's normalization, and they are in flight while it runs.
     ctx = gl.minimum(gl.maximum(gl.load(ctx_ptr + r), 0), NPAGES * 128)
+    page = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES, ctx, HKV, P, NPAGES)
+    qa, q_exp, q_mant = _query(q_ptr, t.to(gl.int64) * HKV * G + h * G, G, Q_IS_FP8)
+    q_factor = q_mant * sm_scale
+    g_ok2 = g_ok[None, :]
     m_i = gl.full((WARPS, 16), float("-inf"), gl.float32, layout=ROWS)
     l_i = gl.zeros((WARPS, 16), gl.float32, layout=ROWS)
     acc_lo = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
     acc_hi = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
-    for i in gl.static_range(PAGES):
-        page = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i, ctx, HKV, P, NPAGES)
+    for i in gl.static_range(PAGES):  # page i + 1's bytes in flight while page i is computed
+        if i + 1 < PAGES:
+            following = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i + 1, ctx,
+                                    HKV, P, NPAGES)
         if page[0]:
-            m_i, l_i, acc_lo, acc_hi = _attend(qa, q_exp, q_mant, page, (s * PAGES + i) * 128,
-                                               ctx, sm_scale, m_i, l_i, acc_lo, acc_hi, g_ok2)
+            m_i, l_i, acc_lo, acc_hi = _attend(qa, q_exp, q_factor, page,
+                                               (s * PAGES + i) * 128, ctx, m_i, l_i, acc_lo,
+                                               acc_hi, g_ok2)
+        if i + 1 < PAGES:
+            page = following
     # The warps' states merge as reduce_kernel merges splits (weights normalized first).
     poisoned = gl.max((m_i != m_i).to(gl.int32), axis=0)
     big_m = gl.max(m_i, axis=0)
