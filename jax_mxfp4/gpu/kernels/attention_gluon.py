@@ -186,8 +186,8 @@ def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
     ``ROWS``). The tile is normalized spread over the program's threads (16 elements a
     thread), then the eight operands go through one shared-memory buffer, read back after the
     stores in their operand layout. Triton's barrier pass still separates the eight stores (it
-    does not tell the slots of one buffer apart): the prologue has 13 barriers where eight
-    layout changes took 24."""
+    does not tell the slots of one buffer apart): 12 barriers before the first MMA where the
+    eight layout changes took 23."""
     m = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_TILE))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_TILE))
     x = gl.load(q_ptr + (first_row + m)[:, None] * 128 + d[None, :], mask=(m < G)[:, None],
@@ -214,19 +214,20 @@ def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
     for i in gl.static_range(8):
         staged.index(i).store(parts[i])
     gl.thread_barrier()
-    operand: gl.constexpr = gl.SliceLayout(0, A_OP)
-    zeros = gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP)
-    qa = (gl.broadcast(staged.index(0).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(1).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(2).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(3).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(4).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(5).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(6).load(operand)[None, :, :], zeros)[0],
-          gl.broadcast(staged.index(7).load(operand)[None, :, :], zeros)[0])
+    qa = (_per_warp(staged.index(0)), _per_warp(staged.index(1)), _per_warp(staged.index(2)),
+          _per_warp(staged.index(3)), _per_warp(staged.index(4)), _per_warp(staged.index(5)),
+          _per_warp(staged.index(6)), _per_warp(staged.index(7)))
     rows: gl.constexpr = gl.SliceLayout(0, ROWS)
     return (qa, gl.convert_layout(q_exp, rows)[None, :],
             gl.convert_layout(q_mant, rows)[None, :])
+
+
+@gluon.jit
+def _per_warp(slot):
+    """A ``[16, 16]`` query operand read from its shared-memory slot, the same in every warp:
+    ``[warp, 16, 16]`` in ``A_OP``."""
+    y = slot.load(gl.SliceLayout(0, A_OP))[None, :, :]
+    return gl.broadcast(y, gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP))[0]
 
 
 @gluon.jit
