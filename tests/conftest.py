@@ -265,6 +265,17 @@ def random_index_q(rng, num_rows, num_heads, q_dtype, scale=1.0) -> np.ndarray:
     return oracle.to_bf16(q)
 
 
+def widen_index_q(case: IndexCase) -> None:
+    """Spread ``case``'s query over e4m3's whole range: every third element times ``2**-12``
+    (e4m3 subnormals), every fifth times 300 (past 448, where e4m3 saturates). The one-row
+    scorer's integer dots hold ``q * 2**9`` in three byte slices; ordinary queries leave the
+    high slice's positive values unused."""
+    x = np.asarray(case.q, np.float64).copy()
+    x[..., ::3] *= 2.0**-12
+    x[..., 1::5] *= 300.0
+    case.q = oracle.to_e4m3(x) if str(case.q.dtype) == "float8_e4m3fn" else oracle.to_bf16(x)
+
+
 def prefill_index_case(rng, q_lens, prefix_lens, *, num_rows=16, num_heads=2, num_blocks=4,
                        table_width=6, num_pages=12, q_dtype="bf16", q_scale=1.0,
                        **pool_kw) -> IndexCase:

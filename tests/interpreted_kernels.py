@@ -23,7 +23,7 @@ import numpy as np
 import oracle
 import triton
 import triton.language as tl
-from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case
+from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case, widen_index_q
 from host_array import HostArray
 
 from jax_mxfp4.gpu.kernels import index_scores, mxfp4, select_blocks, sparse_attention
@@ -116,9 +116,9 @@ def check_scale_pow2(rng) -> None:
 
 def check_one_row_index_scores(rng) -> None:
     """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle, at 1, 2
-    and 4 blocks per program. bf16
-    queries kept as bf16 (q_round="none"), scales 110..140: within
-    ``oracle.index_score_tolerance``."""
+    and 4 blocks per program. Within ``oracle.index_score_tolerance`` (scales 110..140): bf16
+    queries kept as bf16 (q_round="none", the fp32 dots) and e4m3 queries over e4m3's whole
+    range (the integer dots, ``row_dot``)."""
     kw = dict(num_heads=1, num_blocks=6, table_width=8, num_pages=40)
     exact = decode_index_case(rng, [700, 40, 129, 1, 0], 1, q_dtype="e4m3", per_token=True,
                               scale_lo=124, scale_hi=130, **kw)
@@ -128,14 +128,18 @@ def check_one_row_index_scores(rng) -> None:
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, scale_lo=110, scale_hi=140,
                              **kw)
-    got = one_row_scores(case, "none")
-    static = dict(num_blocks=case.num_blocks, sm_scale=SM_SCALE, q_round="none")
-    want = oracle.index_scores(*case.args(), **static).astype(np.float64)
-    assert np.array_equal(np.isneginf(got), np.isneginf(want))
-    live = np.isfinite(want)
-    magnitude = oracle.index_score_magnitudes(*case.args(), **static)[live]
-    err = oracle.index_score_errors(got[live], want[live], magnitude)
-    assert err.max() <= 1, err.max()
+    wide = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, q_dtype="e4m3", scale_lo=110,
+                             scale_hi=140, **kw)
+    widen_index_q(wide)  # the integer dots' three query slices, every one of them used
+    for q_round, tolerated in (("none", case), ("e4m3", wide)):
+        got = one_row_scores(tolerated, q_round)
+        static = dict(num_blocks=tolerated.num_blocks, sm_scale=SM_SCALE, q_round=q_round)
+        want = oracle.index_scores(*tolerated.args(), **static).astype(np.float64)
+        assert np.array_equal(np.isneginf(got), np.isneginf(want))
+        live = np.isfinite(want)
+        magnitude = oracle.index_score_magnitudes(*tolerated.args(), **static)[live]
+        err = oracle.index_score_errors(got[live], want[live], magnitude)
+        assert err.max() <= 1, (q_round, err.max())
     print("ok one_row_index_scores")
 
 

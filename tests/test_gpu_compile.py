@@ -141,7 +141,8 @@ def _sass_stats():
 
 def test_one_row_index_tiles_skip_the_tensor_cores():
     """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
-    (S = 1, H = 1) is scored with FFMAs and no MMA; a 4-row tile takes the Gluon rows tile
+    (S = 1, H = 1) of an e4m3-rounded query is scored with integer byte dots (``IDP.4A``,
+    ``row_dot``) and no MMA; a 4-row tile takes the Gluon rows tile
     by default (tensor-core MMAs, no spills) and the Triton 16-row tile under
     ``cuda_kernels="triton"`` (MMAs, within the plan's register cap: five programs per SM).
     (Mutations: a plan that never picks one-row tiles fails here, and so does one without
@@ -161,7 +162,7 @@ def test_one_row_index_tiles_skip_the_tensor_cores():
         found[per_request, kernels] = kernel.symbol, ops, int(resources["REG"])
     symbol, ops, _ = found[1, "auto"]
     assert symbol == "index_scores_kernel"
-    assert ops["FFMA"] >= 100 and not any("MMA" in op for op in ops)
+    assert ops["IDP"] >= 100 and not any("MMA" in op for op in ops)
     symbol, ops, _ = found[4, "auto"]
     assert symbol == "index_rows_kernel" and ops["HMMA"] >= 16
     symbol, ops, registers = found[4, "triton"]

@@ -27,19 +27,33 @@ def _u32(x) -> np.ndarray:
     return np.asarray(x, np.uint64) & MASK32
 
 
-def _prmt(a, b, selector: int):
+def _prmt(a, b, selector):
     """``prmt.b32`` in its default mode: result byte ``i`` is byte ``sel_i & 7`` of ``{b, a}``,
-    replaced by its sign bit replicated where ``sel_i & 8``."""
-    pool = [(a >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
-    pool += [(b >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
+    replaced by its sign bit replicated where ``sel_i & 8``. ``selector``: an immediate or a
+    register (only its low 16 bits count)."""
+    pool = np.stack([(a >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)]
+                    + [(b >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(4)])
+    selector = np.broadcast_to(np.asarray(selector, np.uint64), a.shape)
     out = np.zeros_like(a)
     for i in range(4):
-        sel = (selector >> (4 * i)) & 0xF
-        byte = pool[sel & 7]
-        if sel & 8:
-            byte = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
-        out |= byte << np.uint64(8 * i)
+        sel = ((selector >> np.uint64(4 * i)) & np.uint64(0xF)).astype(np.int64)
+        byte = np.take_along_axis(pool, (sel & 7)[None], 0)[0]
+        sign = np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0))
+        out |= np.where(sel & 8, sign, byte) << np.uint64(8 * i)
     return out
+
+
+def _dp4a(a, b, c, b_signed: bool):
+    """``dp4a.u32.u32`` / ``dp4a.u32.s32``: ``c`` plus the four byte products of ``a``
+    (unsigned) and ``b`` (unsigned, or signed), mod 2**32."""
+    total = c.astype(np.int64)
+    for i in range(4):
+        x = ((a >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.int64)
+        y = ((b >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.int64)
+        if b_signed:
+            y = (y ^ 0x80) - 0x80
+        total += x * y
+    return _u32(total & 0xFFFFFFFF)
 
 
 def _bf16_mul(a, b):
@@ -67,7 +81,14 @@ def run_ptx(text: str, operands: list) -> dict:
         token = token.strip()
         if token in regs:
             return regs[token]
+        if token == "%laneid":
+            return np.arange(int(np.prod(shape)), dtype=np.uint64).reshape(shape) % np.uint64(32)
+        if token.startswith("0f"):  # an fp32 immediate, as its bits
+            return np.full(shape, int(token[2:], 16), np.uint64)
         return np.full(shape, int(token, 0), np.uint64)  # an immediate, as wide as the data
+
+    def f32(x):
+        return x.astype(np.uint32).view(np.float32)
 
     for statement in filter(None, (s.strip() for s in text.strip().strip("{}").split(";"))):
         op, _, rest = statement.partition(" ")
@@ -90,8 +111,22 @@ def run_ptx(text: str, operands: list) -> dict:
             result = x[0] & x[1]
         elif op == "or.b32":
             result = x[0] | x[1]
+        elif op == "xor.b32":
+            result = x[0] ^ x[1]
         elif op == "prmt.b32":
-            result = _prmt(x[0], x[1], int(args[2], 0))
+            result = _prmt(x[0], x[1], x[2])
+        elif op in ("dp4a.u32.u32", "dp4a.u32.s32"):
+            result = _dp4a(x[0], x[1], x[2], op.endswith("s32"))
+        elif op == "mad.lo.u32":
+            result = (x[0] * x[1] + x[2]) & MASK32
+        elif op == "mov.u32":
+            result = x[0]
+        elif op == "mul.f32":
+            with np.errstate(invalid="ignore", over="ignore"):
+                result = (f32(x[0]) * f32(x[1])).view(np.uint32).astype(np.uint64)
+        elif op == "cvt.rzi.s32.f32":  # NaN -> 0, as PTX has it
+            v = f32(x[0])
+            result = _u32(np.where(np.isnan(v), 0, np.trunc(np.nan_to_num(v))).astype(np.int64))
         elif op == "cvt.f32.f16":
             half = x[0].astype(np.uint16).view(np.float16)
             result = half.astype(np.float32).view(np.uint32).astype(np.uint64)
@@ -166,11 +201,81 @@ def test_scaled_bf16(rng):
                                           err_msg=f"${out} element {k}")
 
 
+def _e4m3_query(rng, n: int) -> np.ndarray:
+    """``n`` e4m3 values as fp32: every finite e4m3 value first (+-448, the subnormals down
+    to ``2**-9``, both zeros), then random finite ones."""
+    codes = np.arange(256, dtype=np.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # no NaN
+    codes = np.concatenate([codes, rng.choice(codes, n)])[:n]
+    return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def _slice_bytes(x: np.ndarray, shift: int) -> np.ndarray:
+    """Byte ``shift / 8`` of four int32 elements (``x[..., 0..3]``) packed low to high."""
+    u = _u32(x.astype(np.int64) & 0xFFFFFFFF)
+    return sum(((u[..., i] >> np.uint64(shift)) & np.uint64(0xFF)) << np.uint64(8 * i)
+               for i in range(4))
+
+
+def test_group_dot(rng):
+    """``row_dot._GROUP_DOT``: a scale group's four code words against its query slices give
+    ``sum(2 * e2m1 * x)`` exactly (``x = q * 2**9`` of e4m3 queries over their whole range),
+    with zeros in ``$1..$3``."""
+    from jax_mxfp4.gpu.kernels import row_dot
+
+    words = _words(rng)
+    words = words[: len(words) // 4 * 4].reshape(-1, 4)  # [groups, 4 words]
+    x = (_e4m3_query(rng, words.size * 8).reshape(-1, 4, 8).astype(np.float64) * 512)
+    x = x.astype(np.int64)  # [groups, word, element]
+    # the extremes: every element 6 or -6 against +-448 (|dot| = 32 * 12 * 448 * 2**9)
+    words[:4] = [[0x77777777] * 4, [0xFFFFFFFF] * 4, [0x77777777] * 4, [0xF7F7F7F7] * 4]
+    x[:4] = 448 * 512 * np.array([1, 1, -1, 1])[:, None, None]
+    slices = [_slice_bytes(x[:, :, 4 * half:4 * half + 4], shift)
+              for shift in (0, 8, 16) for half in (0, 1)]  # lo0, lo1, mid0, mid1, hi0, hi1
+    start = _u32((-12 * x.sum(axis=(1, 2))) & 0xFFFFFFFF)
+    operands = [None] * 4 + [words[:, w] for w in range(4)]
+    operands += [sl[:, w] for sl in slices for w in range(4)]
+    operands += [start] + [np.zeros_like(start)] * 3
+    operands += [np.full_like(start, 0x0F0E0D0C)] * 4 + [np.full_like(start, 0x090A0B0C)] * 4
+    regs = run_ptx(row_dot._GROUP_DOT.value, operands)
+    doubled = np.stack([_element(words, k) * 2 for k in range(8)], axis=-1)  # [g, 4, 8]
+    want = (doubled.astype(np.int64) * x).sum(axis=(1, 2))
+    assert np.abs(want).max() > 2**24  # the range reaches past fp32's exact integers
+    np.testing.assert_array_equal(regs["$0"], _u32(want & 0xFFFFFFFF))
+    for out in ("$1", "$2", "$3"):
+        assert not regs[out].any()
+
+
+def test_query_slices(rng):
+    """``row_dot._FIXED`` (``x = q * 2**9``, NaN as 0) and ``row_dot._SLICES`` (the low,
+    middle and high bytes of four elements' ``x``), and ``_TABLE_WORDS``' two words."""
+    from jax_mxfp4.gpu.kernels import row_dot
+
+    q = _e4m3_query(rng, 4096)
+    q[:3] = [np.nan, -np.nan, 448.0]
+    fixed = run_ptx(row_dot._FIXED.value, [None, q.view(np.uint32)])["$0"]
+    want = np.where(np.isnan(q), 0, q.astype(np.float64) * 512).astype(np.int64)
+    np.testing.assert_array_equal(fixed, _u32(want & 0xFFFFFFFF))
+    x = want.reshape(-1, 4)
+    regs = run_ptx(row_dot._SLICES.value, [None] * 3 + [_u32(x[:, i] & 0xFFFFFFFF)
+                                                        for i in range(4)])
+    for out, shift in (("$0", 0), ("$1", 8), ("$2", 16)):
+        np.testing.assert_array_equal(regs[out], _slice_bytes(x, shift), err_msg=out)
+    tables = run_ptx(row_dot._TABLE_WORDS.value, [None, None, np.zeros(64, np.uint64)])
+    assert (tables["$0"] == 0x0F0E0D0C).all() and (tables["$1"] == 0x090A0B0C).all()
+
+
 def test_interpreter_knows_every_instruction():
     """Every opcode the decode's PTX uses is one ``run_ptx`` executes (a new instruction in
     the text must come with its semantics here, not be skipped)."""
-    known = {".reg", "mov.b32", "mov.f32", "shl.b32", "shr.b32", "and.b32", "or.b32",
-             "prmt.b32", "cvt.f32.f16", "mul.rn.bf16x2"}
-    for name in ("_FP16_PAIRS", "_WORD_FP32", "_BF16_SCALED"):
-        ops = set(re.findall(r"(?:^|;)\s*([.\w]+)", _ptx(name).strip().strip("{}")))
+    from jax_mxfp4.gpu.kernels import row_dot
+
+    known = {".reg", "mov.b32", "mov.f32", "mov.u32", "shl.b32", "shr.b32", "and.b32",
+             "or.b32", "xor.b32", "prmt.b32", "cvt.f32.f16", "mul.rn.bf16x2", "dp4a.u32.u32",
+             "dp4a.u32.s32", "mad.lo.u32", "mul.f32", "cvt.rzi.s32.f32"}
+    texts = {name: _ptx(name) for name in ("_FP16_PAIRS", "_WORD_FP32", "_BF16_SCALED")}
+    texts.update({name: getattr(row_dot, name).value
+                  for name in ("_GROUP_DOT", "_FIXED", "_SLICES", "_TABLE_WORDS")})
+    for name, text in texts.items():
+        ops = set(re.findall(r"(?:^|;)\s*([.\w]+)", text.strip().strip("{}")))
         assert ops <= known, (name, ops - known)

@@ -20,6 +20,7 @@ from conftest import (
     non_finite_v,
     prefill_index_case,
     random_pages,
+    widen_index_q,
 )
 
 import jax_mxfp4 as jm
@@ -157,8 +158,8 @@ def _force_prefill_blocks(monkeypatch, blocks: int) -> None:
 
 
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
-@pytest.mark.parametrize("shape", ["decode", "decode4", "ragged", "decode1", "decode1-long",
-                                   "prefill", "prefill64", "prefill-3-blocks",
+@pytest.mark.parametrize("shape", ["decode", "decode4", "ragged", "decode1", "decode1-wide",
+                                   "decode1-long", "prefill", "prefill64", "prefill-3-blocks",
                                    "prefill-9-blocks"])
 def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
     """decode: S = 8, H = 4 (a 32-row Triton tile). decode4: S = 4, H = 2, the Gluon rows tile
@@ -167,8 +168,10 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
     belong to two requests (the rows tile's walk over each request's page in turn). Both
     with 3 blocks per program forced (these small grids plan one), the last program's blocks
     past the end not scored.
-    decode1-long: 8 single-row requests over 601 blocks, with the plan forced to two blocks
-    per program (what it takes past 65535 blocks, the grid's y limit), so the grid's last
+    decode1-wide: decode1's rows with queries over e4m3's whole range (``widen_index_q``: the
+    one-row scorer's integer dots use every query slice). decode1-long: 8 single-row
+    requests over 601 blocks, with the plan forced to two blocks per program (what it takes
+    past 65535 blocks, the grid's y limit), so the grid's last
     program has one block past the end. prefill-3-blocks: the prefill case with three blocks
     per program (the prefetching walk of a prefill tile: each block scored from its own page,
     the last program's blocks past the end not scored; these small grids plan one block per
@@ -191,8 +194,10 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
         case = decode_index_case(rng, [40 * 128, 33, 3000, 4097], 4, **kw)
     elif shape == "ragged":
         case = prefill_index_case(rng, [3, 5, 2, 6], [100, 300, 0, 400], num_rows=16, **kw)
-    elif shape == "decode1":
+    elif shape.startswith("decode1") and shape != "decode1-long":
         case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, **kw)
+        if shape == "decode1-wide":
+            widen_index_q(case)
     elif shape == "decode1-long":
         seq = [601 * 128, 77000, 1, 0, 129, 40000, 601 * 128 - 1, 5000]
         kw.update(num_blocks=601, table_width=601, num_pages=8 * 601)

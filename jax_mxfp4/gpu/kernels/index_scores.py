@@ -10,7 +10,8 @@ groups' scales folded in (``mxfp4.folded_page_logits``). Every output element is
 finite (a NaN key or query, an fp32 overflow: SPEC §15.18).
 
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
-row scored on the CUDA cores; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
+row scored on the CUDA cores, in exact integer byte dots where its query is e4m3-exact:
+``row_dot``; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
 static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
 ``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
@@ -29,7 +30,7 @@ import triton.language as tl
 
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
-from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4.gpu.kernels import mxfp4, row_dot
 from jax_mxfp4.scaling import folded_score_scale
 
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
@@ -140,9 +141,15 @@ def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
 
 
 @triton.jit
-def _row_block_max(q_row, words, scales, ok, pos0, j, PTX: tl.constexpr):
-    """Row 0's max logit over block ``j`` from its loaded page (-inf where not ``ok``)."""
-    dots, smax = mxfp4.row_logits(q_row, words, scales, PTX)
+def _row_block_max(q_row, words, scales, ok, pos0, j, INT_DOTS: tl.constexpr,
+                   PTX: tl.constexpr):
+    """Row 0's max logit over block ``j`` from its loaded page (-inf where not ``ok``);
+    ``q_row``: :func:`_query_row`, or its ``row_dot.query_slices`` (``INT_DOTS``)."""
+    if INT_DOTS:
+        dots, smax = row_dot.row_logits(q_row[0], words, scales, PTX)
+        dots += q_row[1]  # NaN where the query has a NaN
+    else:
+        dots, smax = mxfp4.row_logits(q_row, words, scales, PTX)
     tok = j * 128 + tl.arange(0, 128)
     logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, smax, mxfp4.ROW_OFFSET))
     row_max = tl.reduce(tl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
@@ -151,11 +158,13 @@ def _row_block_max(q_row, words, scales, ok, pos0, j, PTX: tl.constexpr):
 
 @triton.jit
 def _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok, first_block, NB,
-                W, P, score_scale, BLOCKS: tl.constexpr, PTX: tl.constexpr):
+                W, P, score_scale, BLOCKS: tl.constexpr, INT_DOTS: tl.constexpr,
+                PTX: tl.constexpr):
     """Score blocks ``first_block ..`` (``BLOCKS`` of them) for a tile whose only dot row is
-    row 0, and store them. Software-pipelined: block ``j + 1``'s code words are in flight
-    while block ``j`` is computed, its scale bytes are loaded after that (their layout change
-    waits for them, so they are not loaded ahead of arithmetic)."""
+    row 0 (``q_row`` as :func:`_row_block_max` takes it), and store them.
+    Software-pipelined: block ``j + 1``'s code words are in flight while block ``j`` is
+    computed, its scale bytes are loaded after that (their layout change waits for them, so
+    they are not loaded ahead of arithmetic)."""
     m = tl.arange(0, req.shape[0])
     req0 = tl.max(tl.where(m == 0, req, -1), axis=0)
     pos0 = tl.max(tl.where((m == 0) & live, pos, -1), axis=0)
@@ -167,7 +176,7 @@ def _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok, fi
         if jj + 1 < BLOCKS:
             next_ptr, next_ok = _block_page(pool_ptr, table_ptr, req0, pos0, j + 1, NB, W, P)
             next_words = mxfp4.row_words(next_ptr, next_ok)
-        row_max = _row_block_max(q_row, words, scales, ok, pos0, j, PTX)
+        row_max = _row_block_max(q_row, words, scales, ok, pos0, j, INT_DOTS, PTX)
         best = tl.where(m == 0, row_max, float("-inf"))
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
         if jj + 1 < BLOCKS:
@@ -367,9 +376,12 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
+        INT_DOTS: tl.constexpr = ROUND_Q or Q_IS_FP8  # an e4m3-exact query
         q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
+        if INT_DOTS:  # its integer slices and NaN flag
+            q_row = row_dot.query_slices(q_row, PTX)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
-                    first_block, NB, W, P, score_scale, BLOCKS, PTX)
+                    first_block, NB, W, P, score_scale, BLOCKS, INT_DOTS, PTX)
     elif FOLD and (req_lo == req_hi):
         _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_lo, pos,
                             live, row_ok, first_block, NB, W, P, reach, score_scale, BLOCKS,

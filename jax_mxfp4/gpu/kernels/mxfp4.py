@@ -21,8 +21,9 @@ one exponent for the page, applied to each row's maximum.
 A page's loads are issued together before any is used (:func:`load_keys`,
 :func:`page_bytes`: one load of all code bytes, one 32-bit word of scale bytes per token),
 because Triton changes each loaded tensor's layout right after its load, which waits for it.
-One-row index scoring on the CUDA cores decodes 32-bit code words four elements at a time into
-fp16 halves widened to fp32 (:func:`word_values`).
+One-row index scoring on the CUDA cores of a bf16 query kept as bf16 decodes 32-bit code
+words four elements at a time into fp16 halves widened to fp32 (:func:`word_values`); an
+e4m3-exact query takes exact integer byte dots instead (``row_dot``).
 
 Page layout (SPEC §2.1): token ``t``'s 64 data bytes at ``t * 64`` (element ``2i`` in the low
 nibble of byte ``i``), its 4 scale bytes at ``8192 + t * 4``.
@@ -255,7 +256,8 @@ e8m0 bias and the e4m3 encoding's ``2**-6`` of an e2m1 value."""
 @triton.jit
 def row_logits(q, words, scales, PTX: tl.constexpr):
     """Relative logits of one query row over every token of a page, on the CUDA cores (a
-    single row wastes 15/16 of a tensor-core tile): ``(dots f32 [128], smax int32 [128])``,
+    single row wastes 15/16 of a tensor-core tile), in fp32 (a bf16 query: an e4m3-exact one
+    takes ``row_dot.row_logits``): ``(dots f32 [128], smax int32 [128])``,
     each token's dots relative to its largest scale byte ``smax``; its logits are
     ``mul_scale_pow2(dots, smax, ROW_OFFSET)`` (NaN where ``smax`` is the e8m0 NaN). From the
     page's :func:`row_words` and :func:`row_scales`. ``q``: the row's values as eight ``f32
