@@ -9,7 +9,7 @@ the fp32 route takes a nibble decode, a widening and an FMA per element. Exact w
 route is (every partial sum exact), more exact elsewhere, and the same for every row of a
 batch: SPEC §10's rules for the scorers hold.
 
-The operands (:func:`query_slices`, the group dot's PTX (:data:`_GROUP_DOT`)):
+The operands (:func:`query_slices`, :data:`_GROUP_DOT`):
 
 * a key element as the unsigned byte ``12 + 2 * e2m1`` (0..24): two byte permutes per four
   nibbles look it up, one over the nibbles as they are (a negative nibble's sign bit makes the
@@ -48,7 +48,9 @@ of ``mxfp4.row_logits``' fp32 dots (``e2m1 * 2**-14`` times ``q``)."""
 # first word, 4-7 in the second).
 _TABLES = "mov.b32 t0, $36; mov.b32 t1, 0x18141210; mov.b32 t2, $40; mov.b32 t3, 0x00040608;\n"
 # The first words of both tables as values, not immediates: ptxas copied an immediate from a
-# uniform register into a register before every permute that used it.
+# uniform register into a register before every permute that used it. Selector 0x4444 takes
+# byte 4 (of the zero operand) four times: 0 in every lane, which ptxas does not fold (it
+# folded %laneid >> 5, and reads %clock into a uniform register). $2 only gives the shape.
 _TABLE_WORDS = tl.constexpr("{ .reg .b32 z; mov.u32 z, %laneid; prmt.b32 z, z, 0, 0x4444;"
                             " or.b32 $0, z, 0x0F0E0D0C; or.b32 $1, z, 0x090A0B0C; }")
 
@@ -83,7 +85,7 @@ _GROUP_DOT = tl.constexpr(_group_dot_ptx())
 _GROUP_DOT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 4 + ["r"] * 40))
 
 
-# x = v * 2**9 of an e4m3-exact fp32 $1 (cvt.rzi makes a NaN 0).
+# x = v * 2**9 (0f44000000: 2**Q_UNIT_LOG2) of an e4m3-exact fp32 $1 (cvt.rzi makes a NaN 0).
 _FIXED = tl.constexpr("{ .reg .f32 t; mul.f32 t, $1, 0f44000000; cvt.rzi.s32.f32 $0, t; }")
 # Four elements' x ($3..$6) as their low, middle and high byte slices $0, $1, $2: the low
 # two bytes of each pair interleaved, then the pairs merged (seven permutes for the three).
@@ -144,7 +146,7 @@ def query_slices(q, PTX: tl.constexpr):
 @triton.jit
 def _offset_key(nibble):
     """``KEY_OFFSET + 2 * e2m1(nibble)`` (int32) of the low 4 bits of ``nibble``: the plain
-    form of the group dot's PTX (:data:`_GROUP_DOT`)'s byte permutes."""
+    form of :data:`_GROUP_DOT`'s byte permutes."""
     mag = nibble & 7
     doubled = tl.where(mag < 2, mag, (2 + (mag & 1)) << ((mag >> 1) - 1))
     return tl.where((nibble & 8) != 0, KEY_OFFSET - doubled, KEY_OFFSET + doubled)
