@@ -75,7 +75,7 @@ def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False, PTX=False,
         DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
-        num_warps=plan.num_warps)
+        INT_DOTS=q_fp8, num_warps=plan.num_warps)
     return out.array
 
 
@@ -242,7 +242,8 @@ def interpreted_scores(case, q_round: str, num_heads: int,
         float(folded_score_scale(SM_SCALE)), H=num_heads, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=not q_fp8 and q_round == "e4m3",
         USE_FP8=False, PTX=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
-        ONE_ROW=plan.one_row, FOLD=plan.fold, num_warps=plan.num_warps)
+        ONE_ROW=plan.one_row, FOLD=plan.fold, INT_DOTS=plan.one_row and q_fp8,
+        num_warps=plan.num_warps)
     return out.array, plan
 
 

@@ -32,6 +32,7 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu import triton_call
 from jax_mxfp4.gpu.kernels import mxfp4, row_dot
 from jax_mxfp4.scaling import folded_score_scale
+from jax_mxfp4.targets import CUDA
 
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
 
@@ -351,11 +352,14 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
                         score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
                         BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
                         USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                        ONE_ROW: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
+                        ONE_ROW: tl.constexpr, FOLD: tl.constexpr, INT_DOTS: tl.constexpr,
+                        PTX: tl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
     positions and requests ``s32[T]``. ``ONE_ROW``: tiles of one dot row, scored on the CUDA
-    cores (``mxfp4.row_page_logits``). ``FOLD``: 16-bit dots on folded keys
+    cores (``mxfp4.row_logits``; ``INT_DOTS``: an e4m3-exact query's integer dots,
+    ``row_dot.row_logits``). ``FOLD``: 16-bit dots on folded keys
     (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``)."""
+    tl.static_assert(ROUND_Q or Q_IS_FP8 or not INT_DOTS)  # integer dots need e4m3 values
     first_row = tl.program_id(0) * ROWS
     row, head, row_ok, pos, req, live = tile_rows(tl.arange(0, M), first_row, pos_ptr,
                                                   req_ptr, T, B, H, ROWS)
@@ -376,7 +380,6 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
-        INT_DOTS: tl.constexpr = ROUND_Q or Q_IS_FP8  # an e4m3-exact query
         q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
         if INT_DOTS:  # its integer slices and NaN flag
             q_row = row_dot.query_slices(q_row, PTX)
@@ -672,6 +675,15 @@ def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
                    {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}, index_tile_gluon.WARPS)
 
 
+def int_dots(target, layout: Plan, constants: dict) -> bool:
+    """Whether a one-row tile takes integer dots (``row_dot``): its query is e4m3-exact and
+    the target is CUDA, where they are ``dp4a`` in inline PTX. Their plain-Triton form (what
+    Triton's interpreter runs in the tests) costs several times the fp32 route's instructions,
+    so ROCm keeps the fp32 route."""
+    exact = constants["ROUND_Q"] or constants["Q_IS_FP8"]
+    return layout.one_row and exact and target.device == CUDA
+
+
 def lower(ctx, call, q, pool, table, positions, requests):
     q_aval, pool_aval, table_aval = call.avals_in[:3]
     rows, heads = q_aval.shape[0], q_aval.shape[1]
@@ -688,6 +700,7 @@ def lower(ctx, call, q, pool, table, positions, requests):
                  "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
                  "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],
                  "ONE_ROW": layout.one_row, "FOLD": layout.fold}
+    constants["INT_DOTS"] = int_dots(call.target, layout, constants)
     empty = not (rows and num_blocks and num_requests)
     if _gluon_tile(call, layout, dot, num_blocks):
         grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
