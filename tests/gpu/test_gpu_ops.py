@@ -194,7 +194,7 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
         case = decode_index_case(rng, [40 * 128, 33, 3000, 4097], 4, **kw)
     elif shape == "ragged":
         case = prefill_index_case(rng, [3, 5, 2, 6], [100, 300, 0, 400], num_rows=16, **kw)
-    elif shape.startswith("decode1") and shape != "decode1-long":
+    elif shape in ("decode1", "decode1-wide"):
         case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, **kw)
         if shape == "decode1-wide":
             widen_index_q(case)

@@ -272,7 +272,14 @@ def row_logits(q, words, scales, PTX: tl.constexpr):
     per_word += v5 * q[5][None, :]
     per_word += v6 * q[6][None, :]
     per_word += v7 * q[7][None, :]
-    per_group = tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2)  # [128, 4]
+    return row_group_sum(tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2), scales)
+
+
+@triton.jit
+def row_group_sum(per_group, scales):
+    """A one-row scorer's token dots from its group dots ``f32 [128, 4]`` (in units of
+    ``e2m1 * 2**-14`` times the query) and scale bytes ``int32 [128, 4]``: ``(dots f32 [128],
+    smax int32 [128])``, each group rescaled by ``2**(s_g - smax)`` (:func:`row_logits`)."""
     smax = tl.max(scales, axis=1)
     # e2m1 * 2**-14 here: 8 more than the e4m3 encoding's 2**-6 that ROW_OFFSET assumes.
     return tl.sum(per_group * pow2_to_128(scales - smax[:, None] + 8), axis=1), smax

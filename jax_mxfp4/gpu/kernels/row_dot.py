@@ -129,13 +129,15 @@ def query_slices(q, PTX: tl.constexpr):
     ``[16]`` in ``mxfp4.WORD_ORDER``, e4m3-exact: ``q[j][w]`` is element ``8w +
     WORD_ORDER[j]``): ``(lo0, lo1, mid0, mid1, hi0, hi1, start)`` uint32 ``[16]`` per word
     column (``lo0``: elements 0-3's low bytes, ``lo1``: 4-7's, and so on; ``start``: the
-    word's ``-12 * sum(x)``), and ``nan``, a scalar fp32: NaN if an element is NaN, else 0
-    (a NaN counts as 0 in the slices)."""
+    group's ``-12 * sum(x)`` at its first word, 0 at the others), and ``nan``, a scalar
+    fp32: NaN if an element is NaN, else 0 (a NaN counts as 0 in the slices)."""
     # a word's elements 0..7 are q[0], q[4], q[2], q[6], q[1], q[5], q[3], q[7]
     x0, x1, x2, x3 = _fixed(q[0], PTX), _fixed(q[4], PTX), _fixed(q[2], PTX), _fixed(q[6], PTX)
     x4, x5, x6, x7 = _fixed(q[1], PTX), _fixed(q[5], PTX), _fixed(q[3], PTX), _fixed(q[7], PTX)
-    start = (0 - (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * KEY_OFFSET).to(tl.uint32,
-                                                                         bitcast=True)
+    word_start = 0 - (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * KEY_OFFSET  # [16]
+    first = tl.arange(0, 4)[None, :] == 0  # each group's sum at its first word, 0 elsewhere
+    start = tl.where(first, tl.sum(tl.reshape(word_start, (4, 4)), axis=1)[:, None], 0)
+    start = tl.reshape(start, (16,)).to(tl.uint32, bitcast=True)
     zeros = q[0] * 0.0 + q[1] * 0.0 + q[2] * 0.0 + q[3] * 0.0  # NaN where an element is
     zeros += q[4] * 0.0 + q[5] * 0.0 + q[6] * 0.0 + q[7] * 0.0
     lo0, mid0, hi0 = _slices(x0, x1, x2, x3, PTX)
@@ -177,16 +179,13 @@ def group_dots(words, slices, PTX: tl.constexpr):
     group's four words in a row, as the 16-byte loads of :func:`mxfp4.row_words` place
     them), else the same integer steps in plain Triton (the interpreter's form)."""
     if PTX:
-        by_group = tl.reshape(slices[6].to(tl.int32, bitcast=True), (4, 4))
-        first = tl.arange(0, 4)[None, :] == 0  # each group's sum at its first word
-        start = tl.reshape(tl.where(first, tl.sum(by_group, axis=1)[:, None], 0), (16,))
         positive, negative = tl.inline_asm_elementwise(
-            _TABLE_WORDS, "=r,=r,r", [start], dtype=(tl.uint32, tl.uint32), is_pure=True,
+            _TABLE_WORDS, "=r,=r,r", [slices[6]], dtype=(tl.uint32, tl.uint32), is_pure=True,
             pack=1)
         dots = tl.inline_asm_elementwise(
             _GROUP_DOT, _GROUP_DOT_CONSTRAINTS,
             [words, slices[0][None, :], slices[1][None, :], slices[2][None, :],
-             slices[3][None, :], slices[4][None, :], slices[5][None, :], start[None, :],
+             slices[3][None, :], slices[4][None, :], slices[5][None, :], slices[6][None, :],
              positive[None, :], negative[None, :]],
             dtype=tl.int32, is_pure=True, pack=4)
         pairs, _ = tl.split(tl.reshape(dots, (words.shape[0], 4, 2, 2)))
@@ -210,6 +209,5 @@ def row_logits(slices, words, scales, PTX: tl.constexpr):
     at least 1 where not 0), so ``mxfp4.mul_scale_pow2(dots, smax, mxfp4.ROW_OFFSET)`` gives
     the logits. ``slices`` from :func:`query_slices` (its ``nan`` is the caller's to add)."""
     per_group = group_dots(words, slices, PTX).to(tl.float32)  # [128, 4]
-    per_group = per_group * DOT_TO_ROW_UNITS  # before the factor, which may be near 2**-126
-    smax = tl.max(scales, axis=1)
-    return tl.sum(per_group * mxfp4.pow2_to_128(scales - smax[:, None] + 8), axis=1), smax
+    # in the fp32 route's units before its factors, which may be near 2**-126
+    return mxfp4.row_group_sum(per_group * DOT_TO_ROW_UNITS, scales)
