@@ -183,12 +183,13 @@ def _page_logits(page, qs, j, pos, low):
     zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
     s0, s1 = mxfp4.scale_byte(scales, 0), mxfp4.scale_byte(scales, 1)
     s2, s3 = mxfp4.scale_byte(scales, 2), mxfp4.scale_byte(scales, 3)
-    smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
-    dots = _group_dot(c0, qs[0], qs[1], zero) * mxfp4.pow2_to_128(s0 - smax)[:, None]
-    dots += _group_dot(c1, qs[2], qs[3], zero) * mxfp4.pow2_to_128(s1 - smax)[:, None]
-    dots += _group_dot(c2, qs[4], qs[5], zero) * mxfp4.pow2_to_128(s2 - smax)[:, None]
-    dots += _group_dot(c3, qs[6], qs[7], zero) * mxfp4.pow2_to_128(s3 - smax)[:, None]
-    logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, smax[:, None], -127 + 14))
+    top, factor = mxfp4.token_reference(gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3)),
+                                        -127 + 14)
+    dots = _group_dot(c0, qs[0], qs[1], zero) * mxfp4.pow2_to_128(s0 - top)[:, None]
+    dots += _group_dot(c1, qs[2], qs[3], zero) * mxfp4.pow2_to_128(s1 - top)[:, None]
+    dots += _group_dot(c2, qs[4], qs[5], zero) * mxfp4.pow2_to_128(s2 - top)[:, None]
+    dots += _group_dot(c3, qs[6], qs[7], zero) * mxfp4.pow2_to_128(s3 - top)[:, None]
+    logits = _poison_infinite(dots * factor[:, None])
     if j * 128 + 127 > low:
         tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
         logits = gl.where(tok[:, None] <= pos[None, :], logits, float("-inf"))
