@@ -27,6 +27,11 @@ def _u32(x) -> np.ndarray:
     return np.asarray(x, np.uint64) & MASK32
 
 
+def _s32(x) -> np.ndarray:
+    """uint32 bits (in uint64) as signed int64."""
+    return (x.astype(np.int64) ^ 0x80000000) - 0x80000000
+
+
 def _prmt(a, b, selector):
     """``prmt.b32`` in its default mode: result byte ``i`` is byte ``sel_i & 7`` of ``{b, a}``,
     replaced by its sign bit replicated where ``sel_i & 8``. ``selector``: an immediate or a
@@ -85,7 +90,7 @@ def run_ptx(text: str, operands: list) -> dict:
             return np.arange(int(np.prod(shape)), dtype=np.uint64).reshape(shape) % np.uint64(32)
         if token.startswith("0f"):  # an fp32 immediate, as its bits
             return np.full(shape, int(token[2:], 16), np.uint64)
-        return np.full(shape, int(token, 0), np.uint64)  # an immediate, as wide as the data
+        return np.full(shape, int(token, 0) & 0xFFFFFFFF, np.uint64)  # an immediate's bits
 
     def f32(x):
         return x.astype(np.uint32).view(np.float32)
@@ -132,6 +137,25 @@ def run_ptx(text: str, operands: list) -> dict:
             result = half.astype(np.float32).view(np.uint32).astype(np.uint64)
         elif op == "mul.rn.bf16x2":
             result = _bf16_mul(x[0], x[1])
+        elif op == "bfe.u32":
+            result = (x[0] >> x[1]) & ((np.uint64(1) << x[2]) - np.uint64(1))
+        elif op in ("add.u32", "add.s32"):
+            result = (x[0] + x[1]) & MASK32
+        elif op == "sub.s32":
+            result = _u32(_s32(x[0]) - _s32(x[1]))
+        elif op in ("max.u32", "min.u32"):
+            result = (np.maximum if op.startswith("max") else np.minimum)(x[0], x[1])
+        elif op == "max.s32":
+            result = _u32(np.maximum(_s32(x[0]), _s32(x[1])))
+        elif op == "setp.eq.u32":
+            result = x[0] == x[1]
+        elif op == "selp.b32":
+            result = np.where(x[2], x[0], x[1])
+        elif op == "shfl.sync.idx.b32":  # lane i of each 32 reads lane x[1] (mask: all lanes)
+            assert args[2:] == ["0x1f", "0xffffffff"], statement
+            warps = x[0].reshape(-1, 32)
+            lanes = (x[1].reshape(-1, 32) & np.uint64(31)).astype(np.int64)
+            result = np.take_along_axis(warps, lanes, 1).reshape(x[0].shape)
         else:
             raise NotImplementedError(statement)
         regs[dst] = np.asarray(result, np.uint64)
@@ -265,17 +289,46 @@ def test_query_slices(rng):
     assert (tables["$0"] == 0x0F0E0D0C).all() and (tables["$1"] == 0x090A0B0C).all()
 
 
+def test_quad_factors(rng):
+    """``index_rows_gluon._OWN_FACTORS`` then ``_QUAD_SHARE``: each lane of a quad holding the
+    same four tokens' scale words gets every token's group factors ``pow2_to_128(s_g - top)``
+    and factor (``mxfp4.token_reference`` at ``-127 + 14``, NaN bits for byte 255), bit for
+    bit, though each lane computed one token's."""
+    from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
+
+    words = _words(rng)
+    words = words[: len(words) // 32 * 32].reshape(-1, 4)  # [quads, 4 tokens]
+    lanes = [np.repeat(words[:, k], 4) for k in range(4)]  # lane 4 q + i holds quad q's
+    own = run_ptx(rows._OWN_FACTORS.value, [None] * 20 + lanes)
+    byte = np.stack([(words >> np.uint64(8 * g)) & np.uint64(0xFF) for g in range(4)])
+    smax = byte.max(axis=0).astype(np.int64)
+    top = np.minimum(smax, 240)
+    groups = (np.maximum(byte.astype(np.int64) - top, -127) + 127) << 23  # [g, quad, token]
+    factor = np.where(smax == 255, 0x7FC00000, (top + 14) << 23)
+    assert (smax == 255).any() and ((smax > 240) & (smax < 255)).any()
+    for v, want in enumerate([*groups, factor]):
+        shared = run_ptx(rows._QUAD_SHARE.value,
+                         [None] * 4 + [own[f"${4 * v + k}"] for k in range(4)])
+        for k in range(4):
+            np.testing.assert_array_equal(shared[f"${k}"], np.repeat(want[:, k], 4),
+                                          err_msg=f"value {v} token {k}")
+
+
 def test_interpreter_knows_every_instruction():
     """Every opcode the decode's PTX uses is one ``run_ptx`` executes (a new instruction in
     the text must come with its semantics here, not be skipped)."""
+    from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
     from jax_mxfp4.gpu.kernels import row_dot
 
     known = {".reg", "mov.b32", "mov.f32", "mov.u32", "shl.b32", "shr.b32", "and.b32",
              "or.b32", "xor.b32", "prmt.b32", "cvt.f32.f16", "mul.rn.bf16x2", "dp4a.u32.u32",
-             "dp4a.u32.s32", "mad.lo.u32", "mul.f32", "cvt.rzi.s32.f32"}
+             "dp4a.u32.s32", "mad.lo.u32", "mul.f32", "cvt.rzi.s32.f32", "bfe.u32", "add.u32",
+             "add.s32", "sub.s32", "max.u32", "min.u32", "max.s32", "setp.eq.u32", "selp.b32",
+             "shfl.sync.idx.b32"}
     texts = {name: _ptx(name) for name in ("_FP16_PAIRS", "_WORD_FP32", "_BF16_SCALED")}
     texts.update({name: getattr(row_dot, name).value
                   for name in ("_GROUP_DOT", "_FIXED", "_SLICES", "_TABLE_WORDS")})
+    texts.update({name: getattr(rows, name).value for name in ("_OWN_FACTORS", "_QUAD_SHARE")})
     for name, text in texts.items():
         ops = set(re.findall(r"(?:^|;)\s*([.\w]+)", text.strip().strip("{}")))
         assert ops <= known, (name, ops - known)

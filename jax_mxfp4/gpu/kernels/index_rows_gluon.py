@@ -173,6 +173,46 @@ def _group_dot(words, q_lo, q_hi, zero):
     return mma_v2(hi, q_hi, mma_v2(lo, q_lo, zero))
 
 
+def _own_factors_ptx() -> str:
+    """PTX of the token factors of a quad computed once per token instead of by all four
+    lanes that hold it. The scale words ``$20..$23`` are a thread's four tokens (the same in
+    the four lanes of a quad: ``SliceLayout(1, ACC)``); lane ``4 q + i`` computes token
+    ``i``'s group factors ``pow2_to_128(s_g - top)`` (``$0``, ``$4``, ``$8``, ``$12``) and its
+    factor (``$16``; ``mxfp4.token_reference`` at offset ``-127 + 14``). The other three
+    registers of each output repeat the first: :data:`_QUAD_SHARE` reads only the first, so
+    ptxas drops them."""
+    lines = ["{ .reg .b32 i, w, b, sm, top, t; .reg .pred p<4>;",
+             "mov.u32 i, %laneid; and.b32 i, i, 3;",
+             "setp.eq.u32 p1, i, 1; setp.eq.u32 p2, i, 2; setp.eq.u32 p3, i, 3;",
+             "selp.b32 w, $21, $20, p1; selp.b32 w, $22, w, p2; selp.b32 w, $23, w, p3;",
+             "and.b32 sm, w, 255; bfe.u32 b, w, 8, 8; max.u32 sm, sm, b;",
+             "bfe.u32 b, w, 16, 8; max.u32 sm, sm, b; shr.b32 b, w, 24; max.u32 sm, sm, b;",
+             "min.u32 top, sm, 240; add.u32 t, top, 14; shl.b32 $16, t, 23;",
+             "setp.eq.u32 p0, sm, 255; selp.b32 $16, 0x7FC00000, $16, p0;"]
+    for g in range(4):
+        lines.append(f"bfe.u32 b, w, {8 * g}, 8; sub.s32 t, b, top; max.s32 t, t, -127;"
+                     f" add.s32 t, t, 127; shl.b32 ${4 * g}, t, 23;")
+    for v in range(5):
+        lines.append(" ".join(f"mov.b32 ${4 * v + k}, ${4 * v};" for k in (1, 2, 3)))
+    return "\n".join(lines) + "}"
+
+
+_OWN_FACTORS = gl.constexpr(_own_factors_ptx())
+_OWN_FACTOR_OPERANDS = gl.constexpr(",".join(["=r"] * 20 + ["r"] * 4))
+_QUAD_SHARE = gl.constexpr(
+    "{ .reg .b32 src, t; mov.u32 src, %laneid; and.b32 src, src, 0xFFFFFFFC;"
+    + " ".join(f"add.u32 t, src, {k}; shfl.sync.idx.b32 ${k}, $4, t, 0x1f, 0xffffffff;"
+               for k in range(4)) + "}")
+"""Each of a thread's four tokens' value (``$0..$3``) from the lane of its quad that owns
+the token (:data:`_OWN_FACTORS`): the value in ``$4`` of lane ``4 q + k``."""
+
+
+@gluon.jit
+def _quad_shared(own):
+    return gl.inline_asm_elementwise(_QUAD_SHARE, "=r,=r,=r,=r,r,r,r,r", [own],
+                                     dtype=gl.float32, is_pure=True, pack=4)
+
+
 @gluon.jit
 def _page_logits(page, qs, j, pos, low):
     """Logits ``f32 [128 tok, 8 rows]`` of block ``j``'s tokens from its loaded page
@@ -181,15 +221,14 @@ def _page_logits(page, qs, j, pos, low):
     takes no token mask."""
     c0, c1, c2, c3, scales, _ = page
     zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
-    s0, s1 = mxfp4.scale_byte(scales, 0), mxfp4.scale_byte(scales, 1)
-    s2, s3 = mxfp4.scale_byte(scales, 2), mxfp4.scale_byte(scales, 3)
-    top, factor = mxfp4.token_reference(gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3)),
-                                        -127 + 14)
-    dots = _group_dot(c0, qs[0], qs[1], zero) * mxfp4.pow2_to_128(s0 - top)[:, None]
-    dots += _group_dot(c1, qs[2], qs[3], zero) * mxfp4.pow2_to_128(s1 - top)[:, None]
-    dots += _group_dot(c2, qs[4], qs[5], zero) * mxfp4.pow2_to_128(s2 - top)[:, None]
-    dots += _group_dot(c3, qs[6], qs[7], zero) * mxfp4.pow2_to_128(s3 - top)[:, None]
-    logits = _poison_infinite(dots * factor[:, None])
+    f0, f1, f2, f3, factor = gl.inline_asm_elementwise(
+        _OWN_FACTORS, _OWN_FACTOR_OPERANDS, [scales], dtype=(gl.float32,) * 5, is_pure=True,
+        pack=4)
+    dots = _group_dot(c0, qs[0], qs[1], zero) * _quad_shared(f0)[:, None]
+    dots += _group_dot(c1, qs[2], qs[3], zero) * _quad_shared(f1)[:, None]
+    dots += _group_dot(c2, qs[4], qs[5], zero) * _quad_shared(f2)[:, None]
+    dots += _group_dot(c3, qs[6], qs[7], zero) * _quad_shared(f3)[:, None]
+    logits = _poison_infinite(dots * _quad_shared(factor)[:, None])
     if j * 128 + 127 > low:
         tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
         logits = gl.where(tok[:, None] <= pos[None, :], logits, float("-inf"))
