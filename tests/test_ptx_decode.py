@@ -290,16 +290,18 @@ def test_query_slices(rng):
 
 
 def test_quad_factors(rng):
-    """``index_rows_gluon._OWN_FACTORS`` then ``_QUAD_SHARE``: each lane of a quad holding the
-    same four tokens' scale words gets every token's group factors ``pow2_to_128(s_g - top)``
-    and factor (``mxfp4.token_reference`` at ``-127 + 14``, NaN bits for byte 255), bit for
-    bit, though each lane computed one token's."""
+    """``index_rows_gluon._QUAD_LANES``, ``_OWN_FACTORS`` then ``_QUAD_SHARE``: each lane of a
+    quad holding the same four tokens' scale words gets every token's group factors
+    ``pow2_to_128(s_g - top)`` and factor (``mxfp4.token_reference`` at ``-127 + 14``, NaN
+    bits for byte 255), bit for bit, though each lane computed one token's."""
     from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
 
     words = _words(rng)
     words = words[: len(words) // 32 * 32].reshape(-1, 4)  # [quads, 4 tokens]
     lanes = [np.repeat(words[:, k], 4) for k in range(4)]  # lane 4 q + i holds quad q's
-    own = run_ptx(rows._OWN_FACTORS.value, [None] * 20 + lanes)
+    quad = run_ptx(rows._QUAD_LANES.value, [None] * 8 + lanes)
+    sources, own = [quad[f"${k}"] for k in range(4)], [quad[f"${4 + k}"] for k in range(4)]
+    factors = run_ptx(rows._OWN_FACTORS.value, [None] * 20 + lanes + own)
     byte = np.stack([(words >> np.uint64(8 * g)) & np.uint64(0xFF) for g in range(4)])
     smax = byte.max(axis=0).astype(np.int64)
     top = np.minimum(smax, 240)
@@ -308,7 +310,7 @@ def test_quad_factors(rng):
     assert (smax == 255).any() and ((smax > 240) & (smax < 255)).any()
     for v, want in enumerate([*groups, factor]):
         shared = run_ptx(rows._QUAD_SHARE.value,
-                         [None] * 4 + [own[f"${4 * v + k}"] for k in range(4)])
+                         [None] * 4 + [factors[f"${4 * v + k}"] for k in range(4)] + sources)
         for k in range(4):
             np.testing.assert_array_equal(shared[f"${k}"], np.repeat(want[:, k], 4),
                                           err_msg=f"value {v} token {k}")
@@ -328,7 +330,8 @@ def test_interpreter_knows_every_instruction():
     texts = {name: _ptx(name) for name in ("_FP16_PAIRS", "_WORD_FP32", "_BF16_SCALED")}
     texts.update({name: getattr(row_dot, name).value
                   for name in ("_GROUP_DOT", "_FIXED", "_SLICES", "_TABLE_WORDS")})
-    texts.update({name: getattr(rows, name).value for name in ("_OWN_FACTORS", "_QUAD_SHARE")})
+    texts.update({name: getattr(rows, name).value
+                  for name in ("_QUAD_LANES", "_OWN_FACTORS", "_QUAD_SHARE")})
     for name, text in texts.items():
         ops = set(re.findall(r"(?:^|;)\s*([.\w]+)", text.strip().strip("{}")))
         assert ops <= known, (name, ops - known)

@@ -176,14 +176,13 @@ def _group_dot(words, q_lo, q_hi, zero):
 def _own_factors_ptx() -> str:
     """PTX of the token factors of a quad computed once per token instead of by all four
     lanes that hold it. The scale words ``$20..$23`` are a thread's four tokens (the same in
-    the four lanes of a quad: ``SliceLayout(1, ACC)``); lane ``4 q + i`` computes token
-    ``i``'s group factors ``pow2_to_128(s_g - top)`` (``$0``, ``$4``, ``$8``, ``$12``) and its
-    factor (``$16``; ``mxfp4.token_reference`` at offset ``-127 + 14``). The other three
-    registers of each output repeat the first: :data:`_QUAD_SHARE` reads only the first, so
-    ptxas drops them."""
-    lines = ["{ .reg .b32 i, w, b, sm, top, t; .reg .pred p<4>;",
-             "mov.u32 i, %laneid; and.b32 i, i, 3;",
-             "setp.eq.u32 p1, i, 1; setp.eq.u32 p2, i, 2; setp.eq.u32 p3, i, 3;",
+    the four lanes of a quad: ``SliceLayout(1, ACC)``); lane ``4 q + i`` (``i`` in ``$24``:
+    :data:`_QUAD_LANES`) computes token ``i``'s group factors ``pow2_to_128(s_g - top)``
+    (``$0``, ``$4``, ``$8``, ``$12``) and its factor (``$16``; ``mxfp4.token_reference`` at
+    offset ``-127 + 14``). The other three registers of each output repeat the first:
+    :data:`_QUAD_SHARE` reads only the first, so ptxas drops them."""
+    lines = ["{ .reg .b32 w, b, sm, top, t; .reg .pred p<4>;",
+             "setp.eq.u32 p1, $24, 1; setp.eq.u32 p2, $24, 2; setp.eq.u32 p3, $24, 3;",
              "selp.b32 w, $21, $20, p1; selp.b32 w, $22, w, p2; selp.b32 w, $23, w, p3;",
              "and.b32 sm, w, 255; bfe.u32 b, w, 8, 8; max.u32 sm, sm, b;",
              "bfe.u32 b, w, 16, 8; max.u32 sm, sm, b; shr.b32 b, w, 24; max.u32 sm, sm, b;",
@@ -198,37 +197,54 @@ def _own_factors_ptx() -> str:
 
 
 _OWN_FACTORS = gl.constexpr(_own_factors_ptx())
-_OWN_FACTOR_OPERANDS = gl.constexpr(",".join(["=r"] * 20 + ["r"] * 4))
+_OWN_FACTOR_OPERANDS = gl.constexpr(",".join(["=r"] * 20 + ["r"] * 8))
+_QUAD_LANES = gl.constexpr(
+    "{ .reg .b32 l; mov.u32 l, %laneid; and.b32 $4, l, 3; mov.b32 $5, $4; mov.b32 $6, $4;"
+    " mov.b32 $7, $4; and.b32 l, l, 0xFFFFFFFC; mov.b32 $0, l; add.u32 $1, l, 1;"
+    " add.u32 $2, l, 2; add.u32 $3, l, 3; }")
+"""A thread's quad: the lanes ``4 q + k`` of its quad in register ``k`` (``$0..$3``) and its
+own ``k = lane % 4`` in all four (``$4..$7``). Taken once per program (ptxas keeps a
+``%laneid`` read and what follows from it inside the block walk where the factors' PTX
+reads it)."""
 _QUAD_SHARE = gl.constexpr(
-    "{ .reg .b32 src, t; mov.u32 src, %laneid; and.b32 src, src, 0xFFFFFFFC;"
-    + " ".join(f"add.u32 t, src, {k}; shfl.sync.idx.b32 ${k}, $4, t, 0x1f, 0xffffffff;"
-               for k in range(4)) + "}")
+    " ".join(f"shfl.sync.idx.b32 ${k}, $4, ${8 + k}, 0x1f, 0xffffffff;" for k in range(4)))
 """Each of a thread's four tokens' value (``$0..$3``) from the lane of its quad that owns
-the token (:data:`_OWN_FACTORS`): the value in ``$4`` of lane ``4 q + k``."""
+the token (:data:`_OWN_FACTORS`): the value in ``$4`` of lane ``$8 + k``."""
 
 
 @gluon.jit
-def _quad_shared(own):
-    return gl.inline_asm_elementwise(_QUAD_SHARE, "=r,=r,=r,=r,r,r,r,r", [own],
+def _quad_lanes():
+    """:data:`_QUAD_LANES` as two int32 ``[128]`` tensors in ``SliceLayout(1, ACC)``, (lanes,
+    own): values that differ between the lanes of a quad, so only the factors' PTX reads
+    them."""
+    shape = gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
+    return gl.inline_asm_elementwise(_QUAD_LANES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [shape],
+                                     dtype=(gl.int32, gl.int32), is_pure=True, pack=4)
+
+
+@gluon.jit
+def _quad_shared(own, lanes):
+    return gl.inline_asm_elementwise(_QUAD_SHARE, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [own, lanes],
                                      dtype=gl.float32, is_pure=True, pack=4)
 
 
 @gluon.jit
-def _page_logits(page, qs, j, pos, low):
+def _page_logits(page, qs, quad, j, pos, low):
     """Logits ``f32 [128 tok, 8 rows]`` of block ``j``'s tokens from its loaded page
     (:func:`_page_loads`), -inf where a row does not see the token. ``low``: the smallest
     position of the selected rows; a block below it is seen whole by every one of them, so it
     takes no token mask."""
     c0, c1, c2, c3, scales, _ = page
     zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
+    lanes, own = quad
     f0, f1, f2, f3, factor = gl.inline_asm_elementwise(
-        _OWN_FACTORS, _OWN_FACTOR_OPERANDS, [scales], dtype=(gl.float32,) * 5, is_pure=True,
-        pack=4)
-    dots = _group_dot(c0, qs[0], qs[1], zero) * _quad_shared(f0)[:, None]
-    dots += _group_dot(c1, qs[2], qs[3], zero) * _quad_shared(f1)[:, None]
-    dots += _group_dot(c2, qs[4], qs[5], zero) * _quad_shared(f2)[:, None]
-    dots += _group_dot(c3, qs[6], qs[7], zero) * _quad_shared(f3)[:, None]
-    logits = _poison_infinite(dots * _quad_shared(factor)[:, None])
+        _OWN_FACTORS, _OWN_FACTOR_OPERANDS, [scales, own], dtype=(gl.float32,) * 5,
+        is_pure=True, pack=4)
+    dots = _group_dot(c0, qs[0], qs[1], zero) * _quad_shared(f0, lanes)[:, None]
+    dots += _group_dot(c1, qs[2], qs[3], zero) * _quad_shared(f1, lanes)[:, None]
+    dots += _group_dot(c2, qs[4], qs[5], zero) * _quad_shared(f2, lanes)[:, None]
+    dots += _group_dot(c3, qs[6], qs[7], zero) * _quad_shared(f3, lanes)[:, None]
+    logits = _poison_infinite(dots * _quad_shared(factor, lanes)[:, None])
     if j * 128 + 127 > low:
         tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
         logits = gl.where(tok[:, None] <= pos[None, :], logits, float("-inf"))
@@ -236,21 +252,22 @@ def _page_logits(page, qs, j, pos, low):
 
 
 @gluon.jit
-def _page_maxima(page, qs, j, pos, sel, low):
+def _page_maxima(page, qs, quad, j, pos, sel, low):
     """Max logit of each selected dot row over block ``j``'s tokens (:func:`_page_logits`):
     ``f32 [8]``, -inf for the other rows and where the page is not scored."""
-    best = gl.reduce(_page_logits(page, qs, j, pos, low), 0, _max_nan)
+    best = gl.reduce(_page_logits(page, qs, quad, j, pos, low), 0, _max_nan)
     return gl.where(sel & page[5], best, float("-inf"))
 
 
 @gluon.jit
-def _warp_maxima(page, qs, j, pos, low):
+def _warp_maxima(page, qs, quad, j, pos, low):
     """Each warp's max logit of each dot row over its 32 of block ``j``'s tokens: ``f32
     [WARPS, 8]``, -inf where the page is not scored. No data crosses warps: a token's row of
     the accumulator is ``64 a + 16 w + c`` (``a``: register, ``w``: warp, ``c``: lane and
     register), so the reshape moves nothing and the reductions stay in the warp."""
-    logits = gl.reshape(_page_logits(page, qs, j, pos, low), [2, TILE_WARPS, 16, MAX_DOT_ROWS])
-    best = gl.reduce(gl.reduce(logits, 2, _max_nan), 0, _max_nan)
+    logits = gl.reshape(_page_logits(page, qs, quad, j, pos, low),
+                        [2, TILE_WARPS, 16, MAX_DOT_ROWS])
+    best = gl.reduce(gl.reduce(logits, 0, _max_nan), 1, _max_nan)
     return gl.where(page[5], best, float("-inf"))
 
 
@@ -286,6 +303,7 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
         gl.arange(0, MAX_DOT_ROWS, layout=rows_layout), gl.program_id(0) * ROWS, pos_ptr,
         req_ptr, T, B, H, ROWS)
     qs = _query_operands(q_ptr, row.to(gl.int64) * H + head, row_ok, ROUND_Q)
+    quad = _quad_lanes()
     req_lo = gl.min(gl.where(live, req, B), axis=0)
     req_hi = gl.max(gl.where(live, req, -1), axis=0)
     out = out_ptr + head.to(gl.int64) * T * NB + row.to(gl.int64) * NB
@@ -297,7 +315,7 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
         for jj in range(BLOCKS):  # the next page in flight while one is scored
             after = gl.where(jj + 1 < BLOCKS, first + jj + 1, NB)  # NB: nothing loaded
             following = _page_loads(pool_ptr, table_ptr, req_lo, reach, after, NB, W, P)
-            slots.index(jj).store(_warp_maxima(page, qs, first + jj, pos, low))
+            slots.index(jj).store(_warp_maxima(page, qs, quad, first + jj, pos, low))
             page = following
         _store_slots(slots, out, first, NB, BLOCKS, live, row_ok, score_scale)
     else:  # rows of several requests (a ragged batch; or more blocks than slots, past 524280
@@ -309,6 +327,6 @@ def index_rows_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, 
                 sel = live & (req == req_r)
                 reach, low = _row_span(sel, pos)
                 page = _page_loads(pool_ptr, table_ptr, req_r, reach, j, NB, W, P)
-                best = gl.maximum(best, _page_maxima(page, qs, j, pos, sel, low),
+                best = gl.maximum(best, _page_maxima(page, qs, quad, j, pos, sel, low),
                                   propagate_nan=tl.PropagateNan.ALL)
             gl.store(out + j, best * score_scale, mask=row_ok & (j < NB))
