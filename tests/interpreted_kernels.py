@@ -114,42 +114,6 @@ def check_scale_pow2(rng) -> None:
     print("ok scale_pow2")
 
 
-@triton.jit
-def _token_reference_kernel(s_ptr, smax_ptr, x_ptr, out_ptr, N: tl.constexpr,
-                            OFFSET: tl.constexpr):
-    i = tl.arange(0, N)
-    s, smax, x = tl.load(s_ptr + i), tl.load(smax_ptr + i), tl.load(x_ptr + i)
-    top, factor = mxfp4.token_reference(smax, OFFSET)
-    tl.store(out_ptr + i, (x * mxfp4.pow2_to_128(s - top)) * factor)
-
-
-def check_token_reference(rng) -> None:
-    """:func:`mxfp4.token_reference`: a group's dot ``x`` (the rows tile's range: 0 or
-    ``2**-24`` to ``2**31`` in magnitude) scaled by ``pow2_to_128(s - top)`` and the token's
-    factor is ``x * 2**(s + OFFSET)`` rounded once, bit for bit, for every token byte ``smax``
-    and groups ``s <= smax`` down to 100 binades below it; NaN for a NaN-key token (byte
-    255), whatever its group."""
-    n = 4096
-    smax = np.concatenate([np.arange(256), rng.integers(0, 256, n - 256)]).astype(np.int32)
-    s = np.maximum(smax - rng.integers(0, 101, n), 0).astype(np.int32)
-    s[:256] = smax[:256]
-    x = (rng.choice([-1, 1], n) * np.exp2(rng.uniform(-24, 31, n))).astype(np.float32)
-    x[::97] = 0.0
-    for offset in (-127 + 14, mxfp4.ROW_OFFSET.value):
-        out = HostArray(np.zeros(n, np.float32))
-        _token_reference_kernel[(1,)](HostArray(s), HostArray(smax), HostArray(x), out, N=n,
-                                      OFFSET=offset)
-        got = out.array
-        nan_key = smax == 255
-        assert np.isnan(got[nan_key]).all(), offset
-        want = (x.astype(np.float64) * np.exp2(s.astype(np.float64) + offset))
-        with np.errstate(over="ignore"):
-            want = want.astype(np.float32)[~nan_key]
-        assert np.isinf(want).any() and (np.abs(want) < 2.0**-126).any()  # both ends reached
-        np.testing.assert_array_equal(got[~nan_key].view(np.uint32), want.view(np.uint32))
-    print("ok token_reference")
-
-
 def check_one_row_index_scores(rng) -> None:
     """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle, at 1, 2
     and 4 blocks per program. Within ``oracle.index_score_tolerance`` (scales 110..140): bf16
@@ -419,7 +383,6 @@ def main() -> int:
     rng = np.random.default_rng(0)
     check_page_values(rng)
     check_scale_pow2(rng)
-    check_token_reference(rng)
     check_one_row_index_scores(rng)
     check_mxfp8_epilogue(rng)
     check_select_blocks(rng)

@@ -291,9 +291,12 @@ def test_query_slices(rng):
 
 def test_quad_factors(rng):
     """``index_rows_gluon._QUAD_LANES``, ``_OWN_FACTORS`` then ``_QUAD_SHARE``: each lane of a
-    quad holding the same four tokens' scale words gets every token's group factors
-    ``pow2_to_128(s_g - top)`` and factor (``mxfp4.token_reference`` at ``-127 + 14``, NaN
-    bits for byte 255), bit for bit, though each lane computed one token's."""
+    quad holding the same four tokens' scale words gets every token's group factors and
+    factor, though each lane computed one token's: bit for bit the rule (``top = min(smax,
+    240)``, ``2**(s_g - top)``, ``2**(top - 113)``, NaN bits for byte 255), and a group's dot
+    ``x`` (the tile's range: 0 or ``2**-24`` to ``2**31``) times its group factor and then the
+    factor, in fp32, is ``x * 2**(s_g - 113)`` rounded once wherever the group lies at most
+    100 binades below the token's largest."""
     from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
 
     words = _words(rng)
@@ -302,18 +305,36 @@ def test_quad_factors(rng):
     quad = run_ptx(rows._QUAD_LANES.value, [None] * 8 + lanes)
     sources, own = [quad[f"${k}"] for k in range(4)], [quad[f"${4 + k}"] for k in range(4)]
     factors = run_ptx(rows._OWN_FACTORS.value, [None] * 20 + lanes + own)
+    shared = []
+    for v in range(5):
+        regs = run_ptx(rows._QUAD_SHARE.value,
+                       [None] * 4 + [factors[f"${4 * v + k}"] for k in range(4)] + sources)
+        shared.append(np.stack([regs[f"${k}"].reshape(-1, 4)[:, 0] for k in range(4)], 1))
+        for k in range(4):  # the four lanes of a quad agree
+            assert (regs[f"${k}"].reshape(-1, 4) == shared[-1][:, k:k + 1]).all(), (v, k)
     byte = np.stack([(words >> np.uint64(8 * g)) & np.uint64(0xFF) for g in range(4)])
-    smax = byte.max(axis=0).astype(np.int64)
+    byte = byte.astype(np.int64)  # [group, quad, token]
+    smax = byte.max(axis=0)
     top = np.minimum(smax, 240)
-    groups = (np.maximum(byte.astype(np.int64) - top, -127) + 127) << 23  # [g, quad, token]
-    factor = np.where(smax == 255, 0x7FC00000, (top + 14) << 23)
     assert (smax == 255).any() and ((smax > 240) & (smax < 255)).any()
-    for v, want in enumerate([*groups, factor]):
-        shared = run_ptx(rows._QUAD_SHARE.value,
-                         [None] * 4 + [factors[f"${4 * v + k}"] for k in range(4)] + sources)
-        for k in range(4):
-            np.testing.assert_array_equal(shared[f"${k}"], np.repeat(want[:, k], 4),
-                                          err_msg=f"value {v} token {k}")
+    for g in range(4):
+        want = (np.maximum(byte[g] - top, -127) + 127) << 23
+        np.testing.assert_array_equal(shared[g], want, err_msg=f"group {g}")
+    np.testing.assert_array_equal(shared[4], np.where(smax == 255, 0x7FC00000, (top + 14) << 23))
+    x = (rng.choice([-1, 1], smax.shape) * np.exp2(rng.uniform(-24, 31, smax.shape)))
+    x = x.astype(np.float32)
+    x.flat[::97] = 0
+    factor = shared[4].astype(np.uint32).view(np.float32)
+    ends = []
+    for g in range(4):
+        kept = (smax != 255) & (byte[g] >= smax - 100)
+        with np.errstate(over="ignore"):
+            got = (x * shared[g].astype(np.uint32).view(np.float32)) * factor
+            want = (x.astype(np.float64) * np.exp2(byte[g] - 113.0)).astype(np.float32)
+        np.testing.assert_array_equal(got[kept].view(np.uint32), want[kept].view(np.uint32))
+        ends += [np.isinf(want[kept]).any(), (np.abs(want[kept]) < 2.0**-126).any()]
+    assert all(ends)  # overflow and subnormal results among them
+    assert np.isnan(factor[smax == 255]).all()
 
 
 def test_interpreter_knows_every_instruction():

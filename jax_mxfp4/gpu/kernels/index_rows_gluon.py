@@ -16,10 +16,14 @@ memory (:func:`_warp_maxima`), taking the maximum across the warps once for all 
 (:func:`_store_slots`) instead of once, with its barriers, per block.
 
 Scores are those of the group-dot tilings (SPEC §4, §5, §15.3, §15.18): per scale group two
-``K = 16`` dots (low, then high nibbles), each group's sum rescaled by ``2**(s_g - smax)``;
+``K = 16`` dots (low, then high nibbles), each group's sum rescaled by ``2**(s_g - top)``
+(``top``: the token's largest byte, capped at 240) and the token's sum by ``2**(top - 113)``;
 NaN for a token with a scale byte 255, an infinite logit made NaN, the maximum over the tokens
-each row sees with NaN kept. The plain ``triton.jit`` helpers (:func:`word_bytes`,
-:func:`token_order`) hold the operand order, so Triton's interpreter checks it in the tests.
+each row sees with NaN kept. The four lanes of a quad hold the same four tokens, so each
+computes one token's factors and shuffles them to the others (:data:`_OWN_FACTORS`). The
+plain ``triton.jit`` helpers (:func:`word_bytes`, :func:`token_order`) hold the operand order,
+so Triton's interpreter checks it in the tests; ``tests/test_ptx_decode.py`` runs the
+factors' PTX.
 """
 
 from __future__ import annotations
@@ -177,10 +181,15 @@ def _own_factors_ptx() -> str:
     """PTX of the token factors of a quad computed once per token instead of by all four
     lanes that hold it. The scale words ``$20..$23`` are a thread's four tokens (the same in
     the four lanes of a quad: ``SliceLayout(1, ACC)``); lane ``4 q + i`` (``i`` in ``$24``:
-    :data:`_QUAD_LANES`) computes token ``i``'s group factors ``pow2_to_128(s_g - top)``
-    (``$0``, ``$4``, ``$8``, ``$12``) and its factor (``$16``; ``mxfp4.token_reference`` at
-    offset ``-127 + 14``). The other three registers of each output repeat the first:
-    :data:`_QUAD_SHARE` reads only the first, so ptxas drops them."""
+    :data:`_QUAD_LANES`) computes token ``i``'s group factors ``2**(s_g - top)`` (``$0``,
+    ``$4``, ``$8``, ``$12``; 0 below ``2**-126``) and its factor ``2**(top - 113)`` (``$16``;
+    NaN for a NaN-key token, a scale byte 255), so that a logit ``sum_g dots_g *
+    2**(s_g - 113)`` is the group-factor sum times one factor. ``top = min(smax, 240)``
+    (``smax``: the token's largest byte) keeps the factor a normal fp32 and puts the rest of
+    ``smax``, at most 14 binades, into the group factors: where ``smax <= 240`` the logits are
+    the relative rescaling's (``2**(s_g - smax)``, then ``2**(smax - 113)``) bit for bit. The
+    other three registers of each output repeat the first: :data:`_QUAD_SHARE` reads only the
+    first, so ptxas drops them."""
     lines = ["{ .reg .b32 w, b, sm, top, t; .reg .pred p<4>;",
              "setp.eq.u32 p1, $24, 1; setp.eq.u32 p2, $24, 2; setp.eq.u32 p3, $24, 3;",
              "selp.b32 w, $21, $20, p1; selp.b32 w, $22, w, p2; selp.b32 w, $23, w, p3;",

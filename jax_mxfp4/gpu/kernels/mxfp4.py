@@ -90,25 +90,6 @@ def mul_scale_pow2(x, smax, OFFSET: tl.constexpr):
 
 
 @triton.jit
-def token_reference(smax, OFFSET: tl.constexpr):
-    """A token's reference byte ``top`` and factor ``2**(top + OFFSET)`` (NaN where its
-    largest scale byte ``smax``, int32 in [0, 255], is the e8m0 NaN), so that its logit
-    ``sum_g dots_g * 2**(s_g + OFFSET)`` is ``sum_g dots_g * pow2_to_128(s_g - top)`` times
-    the factor: one multiply per logit where :func:`mul_scale_pow2` takes two.
-
-    ``top = min(smax, 127 - OFFSET)`` keeps the factor a normal fp32 (``-126 <= OFFSET < 0``);
-    the rest of ``smax``, at most ``128 + OFFSET`` binades, goes into the group factors, which
-    :func:`pow2_to_128` then takes in its domain. Where ``smax <= 127 - OFFSET`` (every scale
-    below ``2**(-OFFSET)``) ``top`` is ``smax`` and the logits are :func:`mul_scale_pow2`'s
-    bit for bit; above it the same powers of two are applied in another order, exact
-    wherever no partial product is subnormal."""
-    tl.static_assert((OFFSET >= -126) and (OFFSET < 0))
-    top = tl.minimum(smax, 127 - OFFSET)
-    factor = ((top + OFFSET + 127) << 23).to(tl.float32, bitcast=True)
-    return top, tl.where(smax == NAN_BYTE, float("nan"), factor)
-
-
-@triton.jit
 def nibble_e4m3(codes):
     """e4m3 bits (uint8) of ``e2m1(code) * 2**-6`` for the low 4 bits of each of ``codes``."""
     return ((codes & 7) << 2) | ((codes & 8) << 4)
