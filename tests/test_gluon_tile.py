@@ -168,11 +168,11 @@ _ATTENTION_TWIN = textwrap.dedent('''
     sys.modules["torch"] = None
     from host_array import HostArray
     from jax_mxfp4.gpu.kernels.attention_gluon import (key_operand_order, query_operand_order,
-                                                       value_column, value_operand_order)
+                                                       query_operand_stack, value_blocks)
     from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
 
     @triton.jit
-    def _orders(q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, col_ptr, vcol_ptr):
+    def _orders(q_ptr, k_ptr, v_ptr, qo_ptr, qs_ptr, ko_ptr, vo_ptr, col_ptr):
         r16 = tl.arange(0, 16)
         c128 = tl.arange(0, 128)
         qn = tl.load(q_ptr + r16[:, None] * 128 + c128[None, :])
@@ -180,6 +180,8 @@ _ATTENTION_TWIN = textwrap.dedent('''
         o = r16[:, None] * 16 + tl.arange(0, 16)[None, :]
         for i in tl.static_range(8):
             tl.store(qo_ptr + i * 256 + o, ops[i])
+        i8 = tl.arange(0, 8)[:, None, None]
+        tl.store(qs_ptr + i8 * 256 + o[None, :, :], query_operand_stack(qn))
         w = tl.arange(0, 4)[:, None, None]
         t = tl.arange(0, 32)[None, :, None]
         b16 = tl.arange(0, 16)[None, None, :]
@@ -188,44 +190,50 @@ _ATTENTION_TWIN = textwrap.dedent('''
                  + tl.arange(0, 32)[None, None, :], key_operand_order(keys))
         b64 = tl.arange(0, 64)[None, None, :]
         vals = tl.load(v_ptr + w * 2048 + t * 64 + b64)
-        tl.store(vo_ptr + w * 2048 + t * 64 + b64, value_operand_order(vals))
+        w4 = tl.arange(0, 4)[:, None, None, None]
+        g4 = tl.arange(0, 4)[None, :, None, None]
+        t4 = tl.arange(0, 32)[None, None, :, None]
+        j4 = tl.arange(0, 16)[None, None, None, :]
+        tl.store(vo_ptr + w4 * 2048 + g4 * 512 + t4 * 16 + j4, value_blocks(vals))
         v = tl.arange(0, 16)
         tl.store(col_ptr + v, key_column(v, 0))
         tl.store(col_ptr + 16 + v, key_column(v, 1))
-        n = tl.arange(0, 64)
-        tl.store(vcol_ptr + n, value_column(n))
 
     rng = np.random.default_rng(1)
     q = rng.integers(0, 1 << 20, (16, 128)).astype(np.int32)
     k = rng.integers(0, 1 << 20, (4, 32, 16)).astype(np.int32)
     v = rng.integers(0, 1 << 20, (4, 32, 64)).astype(np.int32)
     qo = HostArray(np.zeros((8, 16, 16), np.int32))
+    qs = HostArray(np.zeros((8, 16, 16), np.int32))
     ko = HostArray(np.zeros((4, 16, 32), np.int32))
-    vo = HostArray(np.zeros((4, 32, 64), np.int32))
-    cols, vcols = HostArray(np.zeros(32, np.int32)), HostArray(np.zeros(64, np.int32))
-    _orders[(1,)](HostArray(q), HostArray(k), HostArray(v), qo, ko, vo, cols, vcols)
-    np.savez(sys.argv[1], q=q, k=k, v=v, qo=qo.array, ko=ko.array, vo=vo.array,
-             cols=cols.array, vcols=vcols.array)
+    vo = HostArray(np.zeros((4, 4, 32, 16), np.int32))
+    cols = HostArray(np.zeros(32, np.int32))
+    _orders[(1,)](HostArray(q), HostArray(k), HostArray(v), qo, qs, ko, vo, cols)
+    np.savez(sys.argv[1], q=q, k=k, v=v, qo=qo.array, qs=qs.array, ko=ko.array, vo=vo.array,
+             cols=cols.array)
 ''')
 
 
 def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
     """The Gluon attention prototype (``attention_gluon``): the query's eight operands hold
-    columns ``32 g + key_column(v, nib)``, the keys' operand (per warp) byte ``key_column``
-    order as the index tile's, and the values' operand column ``n`` byte ``value_column(n)``,
-    a permutation. (Mutation: the query's permute ``(0, 4, 3, 5, 1, 2, 6)`` as ``(0, 3, 4, 5,
-    1, 2, 6)`` fails it.)"""
+    columns ``32 g + key_column(v, nib)`` (split, and stacked for one shared-memory store),
+    the keys' operand (per warp) byte ``key_column`` order as the index tile's, and the
+    values' blocks ``[source warp, group, token, byte]`` bytes ``16 g + j`` of each source
+    warp's tokens. (Mutations: the query's permute ``(0, 4, 3, 5, 1, 2, 6)`` as ``(0, 3, 4, 5,
+    1, 2, 6)`` fails it; so does the stack's ``(1, 2, 6, ..)`` as ``(2, 1, 6, ..)``.)"""
     r = _interpreted(tmp_path, _ATTENTION_TWIN)
-    cols, vcols = r["cols"], r["vcols"]
+    cols = r["cols"]
     for i in range(8):
         g, nib = divmod(i, 2)
-        np.testing.assert_array_equal(r["qo"][i], r["q"][:, 32 * g + cols[16 * nib:16 * nib + 16]])
+        want = r["q"][:, 32 * g + cols[16 * nib:16 * nib + 16]]
+        np.testing.assert_array_equal(r["qo"][i], want)
+        np.testing.assert_array_equal(r["qs"][i], want)
     # keys: element [w, k, t] of the low-nibble order is byte b of token t where the group's
     # element key_column(k, 0) = 2 b (the same arrangement as the index tile's)
     byte_of_k = cols[:16] // 2
     np.testing.assert_array_equal(r["ko"], np.transpose(r["k"][:, :, byte_of_k], (0, 2, 1)))
-    assert sorted(vcols) == list(range(64))
-    np.testing.assert_array_equal(r["vo"], r["v"][:, :, vcols])
+    want = np.transpose(r["v"].reshape(4, 32, 4, 16), (0, 2, 1, 3))  # [w, g, t, j]
+    np.testing.assert_array_equal(r["vo"], want)
 
 
 def test_the_cuda_lowering_takes_each_kernel_set_under_its_setting():

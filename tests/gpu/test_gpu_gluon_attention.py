@@ -1,7 +1,7 @@
-"""The Gluon attention split kernel (``jax_mxfp4.gpu.kernels.attention_gluon``, each warp owning
-32 tokens of every page, operands built in registers) on the GPU, launched through torch (the
-lowering takes it only under ``cuda_kernels="gluon"``): its partials merged by the Triton
-``reduce_kernel`` must match the float64 oracle as SPEC §10 asks of attention
+"""The Gluon attention split kernel (``jax_mxfp4.gpu.kernels.attention_gluon``: warps own
+tokens for QK and head dims for PV; two pages a split here) on the GPU, launched through
+torch (the lowering takes it only under ``cuda_kernels="gluon"``): its partials merged by the
+Triton ``reduce_kernel`` must match the float64 oracle as SPEC §10 asks of attention
 (``oracle.attention_close``), NaN and infinities exactly where the oracle has them, and empty
 rows zeros."""
 

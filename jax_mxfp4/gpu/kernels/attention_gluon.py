@@ -1,28 +1,26 @@
 """Gluon kernel (Triton with explicit layouts, CUDA sm_80+): the split-K partials of sparse
-attention with every tensor-core operand built in the registers that hold it.
+attention, opt-in (``cuda_kernels="gluon"``; measured against the Triton kernel in RESULTS).
 
-The Triton ``attention_kernel`` moves each page's decoded K and V tiles, and its
-probabilities, into the dots' operand layouts through shared memory (stores, barriers,
-``ldmatrix``), and its four warps share every page, so each page costs barriers and cross-warp
-reductions. Here each warp owns 32 of a page's 128 tokens for the whole page: its own logits
-``[16, 32]``, its own online softmax and its own ``[16, 128]`` output accumulator, with no
-communication between warps until the program's end, where the four states merge like split-K
-partials. Within a warp:
+The Triton ``attention_kernel`` builds its dots' operands from shared memory as ``kWidth = 4``
+and ``8`` fragments, each MMA's A operand assembled with register moves, and its layout
+changes take 31 barriers a page. Here the split is the Triton kernel's, written with explicit
+layouts:
 
-* keys: each lane loads the code bytes whose nibbles its ``mma.sync`` B-operand registers hold
-  and decodes them in place (the column order of ``index_tile_gluon``: the query is loaded in
-  the matching order);
-* probabilities: the QK accumulator's registers are the PV dot's A operand (the FlashAttention
-  register reuse);
-* values: each lane loads 8 code bytes (16 head dims) of each of its 8 tokens, decodes them
-  scaled (``mxfp4._BF16_SCALED``) with the token pair of each register being the operand's
-  ``k`` pair; the output's columns are permuted to match (:func:`value_column`) and put back
-  when stored.
+* QK: each warp owns 32 of a page's 128 tokens. Each lane loads the code bytes whose nibbles
+  its ``mma.sync`` B-operand registers hold and decodes them in place (the column order of
+  ``index_tile_gluon``; the query is loaded in the matching order), with a page reference per
+  warp (:func:`_warp_reference`);
+* softmax: each warp's maxima and sums of its tokens, then the heads' maximum and sum across
+  the warps (cross-warp reductions), P normalized by the running sum and stored as bf16
+  ``[source warp, 16, 32]`` in shared memory;
+* PV: warp ``g`` owns head dimensions ``32 g .. 32 g + 31`` (exactly scale group ``g``): it
+  reads every source warp's P (``ldmatrix``) and that warp's values of its group
+  (:func:`value_blocks`, decoded scaled by the warp that loaded them, read back transposed),
+  so its output columns are its own and the partials need no merge inside the program.
 
 Outputs are the partials ``reduce_kernel`` merges (``m``, ``l``, ``o / l`` in bf16, columns in
 ``mxfp4.value_dims`` order), so it replaces the split kernel only; tables of one split keep
-the Triton kernel. The arithmetic is ``_attend_page``'s per warp (SPEC §7, §15.9, §15.18),
-merged per program as ``reduce_kernel`` merges splits.
+the Triton kernel. The arithmetic is ``_attend_page``'s (SPEC §7, §15.9, §15.18).
 """
 
 from __future__ import annotations
@@ -37,7 +35,8 @@ from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.gpu.kernels.sparse_attention import FLT_MIN, LOG2E, _max_nan, page_offset
 
 NUM_WARPS = 4
-"""Warps per program; warp ``w`` owns tokens ``32 w .. 32 w + 31`` of every page."""
+"""Warps per program; warp ``w`` owns tokens ``32 w .. 32 w + 31`` of every page in the QK
+dots and head dims ``32 w .. 32 w + 31`` in the PV dots."""
 WARPS = gl.constexpr(NUM_WARPS)
 
 ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NUM_WARPS, 1, 1],
@@ -59,31 +58,21 @@ Q_TILE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [NUM_WARPS, 1], [1, 0]))
 """The query tile ``[16, 128]``: a thread holds column bits 0-1 and 5-6 (nibble, b0, g0, g1)
 in registers, so the operands split off along them without moving data."""
 TOKENS = gl.constexpr(gl.SliceLayout(1, ACC))  # [warp, 32]: per token
-MERGE = gl.constexpr(gl.BlockedLayout(size_per_thread=[NUM_WARPS, 1, 8],
-                                      threads_per_warp=[1, 4, 8],
-                                      warps_per_cta=[1, NUM_WARPS, 1], order=[2, 1, 0]))
-"""The warps' weighted outputs ``[warp, 16, 64]`` read back from shared memory with every
-warp's value of an element in one thread: the merge adds them in registers."""
 STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                order=[2, 1, 0]))
 OPERANDS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+VALUES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                              order=[3, 2, 1, 0]))
+"""One nibble's values ``[source warp, group, 32 tokens, 16 bytes]``, unswizzled."""
 """The query's eight ``[16, 16]`` operands ``[8, 16, 16]`` in shared memory, unswizzled."""
 
 
 @triton.jit
-def value_column(n):
-    """The code byte (0..63) of a token that virtual output column ``n`` (0..63) of the PV
-    dots holds: lane ``n % 8`` of the B operand holds columns ``n % 8 + 8 j``, and loads bytes
-    ``8 (n % 8) + j``. The low nibbles' dot gives head dim ``2 * byte``, the high ``+ 1``."""
-    return 8 * (n % 8) + n // 8
-
-
-@triton.jit
-def value_operand_order(half):
-    """``[warp, 32 tok, 64 bytes]`` of one nibble per byte -> ``[warp, 32 tok, 64 virtual
-    n]`` in :func:`value_column` order."""
-    blocks = tl.reshape(half, (half.shape[0], 32, 8, 8))  # [w, tok, n % 8, n // 8]
-    return tl.reshape(tl.permute(blocks, (0, 1, 3, 2)), (half.shape[0], 32, 64))
+def value_blocks(half):
+    """One nibble's values ``[warp, 32 tokens, 64 bytes]`` -> ``[source warp, group, 32
+    tokens, 16 bytes]``: what warp ``g`` reads back for its scale group ``g`` (bytes ``16 g
+    .. 16 g + 15``, head dims ``32 g ..``)."""
+    return tl.permute(tl.reshape(half, (half.shape[0], 32, 4, 16)), (0, 2, 1, 3))
 
 
 @triton.jit
@@ -102,6 +91,15 @@ def query_operand_order(qn):
     g0h, g2h = tl.split(hi0)
     g1h, g3h = tl.split(hi1)
     return g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h
+
+
+@triton.jit
+def query_operand_stack(qn):
+    """:func:`query_operand_order`'s eight operands stacked ``[8, 16, 16]`` (operand ``2 g +
+    nib``), one tensor for one shared-memory store."""
+    parts = tl.reshape(qn, (qn.shape[0], 2, 2, 4, 2, 2, 2))
+    parts = tl.permute(parts, (1, 2, 6, 0, 4, 3, 5))  # [g1, g0, nib, row, b1, c, b0]
+    return tl.reshape(parts, (8, qn.shape[0], 16))
 
 
 @triton.jit
@@ -161,20 +159,26 @@ def _group_dot(qa_lo, qa_hi, raw, zero):
 
 
 @gluon.jit
-def _value_operands(v_codes, v_scales, live):
-    """A page's value bytes -> the two B operands (low, high nibbles) ``bf16 [warp, 32, 64]``:
-    ``e2m1 * 2**(byte - 127)`` exactly, NaN for scale byte 255, zeros where not ``live``."""
+def _value_halves(v_codes, v_scales, live):
+    """A page's value bytes -> bf16 ``[warp, 32 tokens, 64 bytes]`` of the low and of the high
+    nibbles (head dims ``2 b`` and ``2 b + 1``): ``e2m1 * 2**(byte - 127)`` exactly, NaN for
+    scale byte 255, zeros where not ``live``."""
     b = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, V_CODES)))
     shift = 8 * (b // 16)
     byte = (v_scales[:, :, None] >> shift[None, None, :]) & 0xFF
     bits = (byte << 7) | gl.where(byte == mxfp4.NAN_BYTE, 0x40, 0)
     bits = gl.where(gl.convert_layout(live, gl.SliceLayout(2, V_CODES))[:, :, None], bits, 0)
     factor = bits.to(gl.uint16).to(gl.bfloat16, bitcast=True)
-    lo, hi = gl.inline_asm_elementwise(mxfp4._BF16_SCALED, "=r,=r,=r,=r,r,r,r",
-                                       [v_codes, factor], dtype=(gl.bfloat16, gl.bfloat16),
-                                       is_pure=True, pack=4)
-    return (gl.convert_layout(value_operand_order(lo), B_OP),
-            gl.convert_layout(value_operand_order(hi), B_OP))
+    return gl.inline_asm_elementwise(mxfp4._BF16_SCALED, "=r,=r,=r,=r,r,r,r",
+                                     [v_codes, factor], dtype=(gl.bfloat16, gl.bfloat16),
+                                     is_pure=True, pack=4)
+
+
+@gluon.jit
+def _stage_values(half, staged):
+    """Store one nibble's values ``[warp, 32 tokens, 64 bytes]`` as ``[source warp, group,
+    32 tokens, 16 bytes]``: what warp ``g`` reads back for its scale group ``g``."""
+    staged._reinterpret(gl.bfloat16, [WARPS, WARPS, 32, 16], VALUES).store(value_blocks(half))
 
 
 @gluon.jit
@@ -209,10 +213,8 @@ def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
         inv = gl.div_rn(gl.full((16,), 1.0, gl.float32, per_head), q_scale)
         quotient = mxfp4.quotient_rn(x.to(gl.float32), q_scale[:, None], inv[:, None])
         qn = mxfp4.round_e4m3(quotient, True).to(gl.float16)
-    parts = query_operand_order(qn)
     staged = gl.allocate_shared_memory(gl.float16, [8, 16, 16], OPERANDS)
-    for i in gl.static_range(8):
-        staged.index(i).store(parts[i])
+    staged._reinterpret(gl.float16, [8, 16, 16], STAGING).store(query_operand_stack(qn))
     gl.thread_barrier()
     qa = (_per_warp(staged.index(0)), _per_warp(staged.index(1)), _per_warp(staged.index(2)),
           _per_warp(staged.index(3)), _per_warp(staged.index(4)), _per_warp(staged.index(5)),
@@ -231,6 +233,14 @@ def _per_warp(slot):
 
 
 @gluon.jit
+def _per_warp_p(slot):
+    """One source warp's probabilities ``[16, 32]`` (bf16) read from its shared-memory slot,
+    the same in every warp: the PV dots' A operand ``[warp, 16, 32]``."""
+    y = slot.load(gl.SliceLayout(0, A_OP))[None, :, :]
+    return gl.broadcast(y, gl.zeros((WARPS, 16, 32), gl.bfloat16, layout=A_OP))[0]
+
+
+@gluon.jit
 def _warp_reference(smax, live):
     """Each warp's reference scale byte for a page: the largest of its live tokens' bytes that
     are not NaN keys (0 where none), ``int32 [WARPS]`` (``SliceLayout(1, TOKENS)``): a
@@ -241,15 +251,24 @@ def _warp_reference(smax, live):
 
 
 @gluon.jit
-def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_i, l_i, acc_lo, acc_hi, g_ok):
-    """One page of each warp's online softmax (``_attend_page`` per warp, with a page
-    reference of each warp's own: :func:`_warp_reference`): returns the updated ``(m_i, l_i,
-    acc_lo, acc_hi)``. ``q_factor``: each head's ``q_mant * sm_scale``."""
+def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_run, l_run, acc_lo, acc_hi, g_ok,
+            p_staged, vlo_staged, vhi_staged):
+    """One page of the online softmax (``_attend_page``'s arithmetic): each warp's logits of
+    its 32 tokens (a page reference of each warp's own: :func:`_warp_reference`), the heads'
+    maximum and sum across the warps, then each warp's PV dots for its own scale group's 32
+    head dimensions over all 128 tokens (P and the values through shared memory). Returns the
+    updated ``(m_run, l_run, acc_lo, acc_hi)``: ``m_run``, ``l_run`` ``[16]`` (the same in
+    every warp), the accumulators ``[warp, 16, 16]`` (warp ``g``: dims ``32 g + 2 j`` and
+    ``+ 1``). A live logit that is not finite makes its head's ``m_run`` NaN for good."""
     _, k0, k1, k2, k3, k_scales, v_codes, v_scales = page
     s0, s1 = mxfp4.scale_byte(k_scales, 0), mxfp4.scale_byte(k_scales, 1)
     s2, s3 = mxfp4.scale_byte(k_scales, 2), mxfp4.scale_byte(k_scales, 3)
     smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
     live = (first_tok + _warp_tokens(TOKENS)) < ctx
+    # the values first: their registers are free again before the logits take theirs
+    v_lo, v_hi = _value_halves(v_codes, v_scales, live)
+    _stage_values(v_lo, vlo_staged)
+    _stage_values(v_hi, vhi_staged)
     ref = _warp_reference(smax, live)
     ref_t = ref[:, None]
     zero = gl.zeros((WARPS, 16, 32), gl.float32, layout=ACC)
@@ -267,27 +286,27 @@ def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_i, l_i, acc_lo, acc_hi,
     seen = live[:, None, :] & g_ok[:, :, None]
     logits = gl.where(gl.abs(logits) == float("inf"), float("nan"), logits)
     logits = gl.where(seen, logits, float("-inf"))
-    m_new = gl.maximum(m_i, gl.reduce(logits, 2, _max_nan), propagate_nan=tl.PropagateNan.ALL)
+    warp_max = gl.reduce(logits, 2, _max_nan)  # [warp, 16]
+    m_new = gl.maximum(m_run, gl.reduce(warp_max, 0, _max_nan),
+                       propagate_nan=tl.PropagateNan.ALL)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2((m_i - m_safe) * LOG2E)
-    p = gl.exp2((logits - m_safe[:, :, None]) * LOG2E)
-    l_old = l_i * alpha
-    l_i = l_old + gl.sum(p, axis=2)
-    inv_l = gl.where(l_i > 0, 1.0 / gl.where(l_i > 0, l_i, 1.0), 0.0)
-    v_lo, v_hi = _value_operands(v_codes, v_scales, live)
-    p_norm = gl.convert_layout((p * inv_l[:, :, None]).to(gl.bfloat16), A_OP)
-    keep = (l_old * inv_l)[:, :, None]
-    acc_lo = mma_v2(p_norm, v_lo, acc_lo * keep)
-    acc_hi = mma_v2(p_norm, v_hi, acc_hi * keep)
-    return m_new, l_i, acc_lo, acc_hi
-
-
-@gluon.jit
-def _warp_sum(x):
-    """``sum(x, axis=0)`` of a ``[warp, 16, 64]`` accumulator through one shared-memory round
-    trip (a store per warp, a barrier, a load of all four per thread), in warp order."""
-    staged = gl.allocate_shared_memory(gl.float32, [WARPS, 16, 64], STAGING, x)
-    return gl.sum(staged.load(MERGE), axis=0)
+    alpha = gl.exp2((m_run - m_safe) * LOG2E)
+    p = gl.exp2((logits - m_safe[None, :, None]) * LOG2E)
+    l_old = l_run * alpha
+    l_run = l_old + gl.sum(gl.sum(p, axis=2), axis=0)
+    inv_l = gl.where(l_run > 0, 1.0 / gl.where(l_run > 0, l_run, 1.0), 0.0)
+    p_whole = p_staged._reinterpret(gl.bfloat16, [WARPS, 16, 32], STAGING)
+    p_whole.store((p * inv_l[None, :, None]).to(gl.bfloat16))
+    gl.thread_barrier()
+    keep = gl.convert_layout(l_old * inv_l, gl.SliceLayout(0, gl.SliceLayout(2, ACC)))
+    acc_lo = acc_lo * keep[None, :, None]
+    acc_hi = acc_hi * keep[None, :, None]
+    for src in gl.static_range(WARPS):  # the tokens of warp src, against every group
+        p_src = _per_warp_p(p_staged.index(src))
+        acc_lo = mma_v2(p_src, vlo_staged.index(src).load(B_OP), acc_lo)
+        acc_hi = mma_v2(p_src, vhi_staged.index(src).load(B_OP), acc_hi)
+    gl.thread_barrier()  # the next page's stores wait for these loads
+    return m_new, l_run, acc_lo, acc_hi
 
 
 @gluon.jit
@@ -311,40 +330,34 @@ def attention_split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, m_ptr
     qa, q_exp, q_mant = _query(q_ptr, t.to(gl.int64) * HKV * G + h * G, G, Q_IS_FP8)
     q_factor = q_mant * sm_scale
     g_ok2 = g_ok[None, :]
-    m_i = gl.full((WARPS, 16), float("-inf"), gl.float32, layout=ROWS)
-    l_i = gl.zeros((WARPS, 16), gl.float32, layout=ROWS)
-    acc_lo = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
-    acc_hi = gl.zeros((WARPS, 16, 64), gl.float32, layout=ACC)
+    heads: gl.constexpr = gl.SliceLayout(0, ROWS)
+    m_run = gl.full((16,), float("-inf"), gl.float32, layout=heads)
+    l_run = gl.zeros((16,), gl.float32, layout=heads)
+    acc_lo = gl.zeros((WARPS, 16, 16), gl.float32, layout=ACC)
+    acc_hi = gl.zeros((WARPS, 16, 16), gl.float32, layout=ACC)
+    p_staged = gl.allocate_shared_memory(gl.bfloat16, [WARPS, 16, 32], OPERANDS)
+    vlo_staged = gl.allocate_shared_memory(gl.bfloat16, [WARPS, WARPS, 32, 16], STAGING)
+    vhi_staged = gl.allocate_shared_memory(gl.bfloat16, [WARPS, WARPS, 32, 16], STAGING)
     for i in gl.static_range(PAGES):  # page i + 1's bytes in flight while page i is computed
         if i + 1 < PAGES:
             following = _page_bytes(k_ptr, v_ptr, table_ptr, r, h, s * PAGES + i + 1, ctx,
                                     HKV, P, NPAGES)
         if page[0]:
-            m_i, l_i, acc_lo, acc_hi = _attend(qa, q_exp, q_factor, page,
-                                               (s * PAGES + i) * 128, ctx, m_i, l_i, acc_lo,
-                                               acc_hi, g_ok2)
+            m_run, l_run, acc_lo, acc_hi = _attend(qa, q_exp, q_factor, page,
+                                                   (s * PAGES + i) * 128, ctx, m_run, l_run,
+                                                   acc_lo, acc_hi, g_ok2, p_staged,
+                                                   vlo_staged, vhi_staged)
         if i + 1 < PAGES:
             page = following
-    # The warps' states merge as reduce_kernel merges splits (weights normalized first).
-    poisoned = gl.max((m_i != m_i).to(gl.int32), axis=0)
-    big_m = gl.max(m_i, axis=0)
-    safe_m = gl.where(big_m == float("-inf"), 0.0, big_m)
-    weight = gl.where(l_i > 0, gl.exp2((m_i - safe_m[None, :]) * LOG2E) * l_i, 0.0)
-    total = gl.sum(weight, axis=0)
-    inv_total = gl.where(total > 0, 1.0 / gl.where(total > 0, total, 1.0), 0.0)
-    share = gl.convert_layout(weight * inv_total[None, :], ROWS)[:, :, None]
-    o_lo = _warp_sum(acc_lo * share)  # [16, 64]
-    o_hi = _warp_sum(acc_hi * share)
-    nan_rows = gl.convert_layout(poisoned > 0, gl.SliceLayout(1, o_lo.type.layout))[:, None]
-    o_lo = gl.where(nan_rows, float("nan"), o_lo)
-    o_hi = gl.where(nan_rows, float("nan"), o_hi)
+    # warp w holds dims 32 w + 2 j (acc_lo) and + 1 (acc_hi): value_dims columns 16 w + j
+    # and 64 + 16 w + j
     part = (r.to(gl.int64) * SPLITS + s) * 16
-    gm = gl.convert_layout(g, gl.SliceLayout(1, o_lo.type.layout))
-    n = gl.arange(0, 64, layout=gl.SliceLayout(0, o_lo.type.layout))
-    col = value_column(n)  # value_dims order: column 64 * nib + byte holds dim 2 * byte + nib
-    base = o_ptr + (part + gm)[:, None] * 128 + col[None, :]
-    gl.store(base, o_lo.to(gl.bfloat16))
-    gl.store(base + 64, o_hi.to(gl.bfloat16))
-    m_out = gl.where(poisoned > 0, float("nan"), big_m)
-    gl.store(m_ptr + part + g, gl.convert_layout(m_out, gl.SliceLayout(0, ROWS)))
-    gl.store(l_ptr + part + g, gl.convert_layout(total, gl.SliceLayout(0, ROWS)))
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(1, ROWS))
+    gm = gl.arange(0, 16, layout=gl.SliceLayout(0, ROWS))
+    j = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, ACC)))
+    col = (16 * w)[:, None, None] + j[None, None, :]
+    base = o_ptr + (part + gm)[None, :, None] * 128 + col
+    gl.store(base, acc_lo.to(gl.bfloat16))
+    gl.store(base + 64, acc_hi.to(gl.bfloat16))
+    gl.store(m_ptr + part + g, gl.convert_layout(m_run, gl.SliceLayout(0, ROWS)))
+    gl.store(l_ptr + part + g, gl.convert_layout(l_run, gl.SliceLayout(0, ROWS)))
