@@ -167,19 +167,16 @@ _ATTENTION_TWIN = textwrap.dedent('''
     import numpy as np, triton, triton.language as tl, sys
     sys.modules["torch"] = None
     from host_array import HostArray
-    from jax_mxfp4.gpu.kernels.attention_gluon import (key_operand_order, query_operand_order,
-                                                       query_operand_stack, value_blocks)
+    from jax_mxfp4.gpu.kernels.attention_gluon import (key_operand_order, query_operand_stack,
+                                                       value_blocks)
     from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
 
     @triton.jit
-    def _orders(q_ptr, k_ptr, v_ptr, qo_ptr, qs_ptr, ko_ptr, vo_ptr, col_ptr):
+    def _orders(q_ptr, k_ptr, v_ptr, qs_ptr, ko_ptr, vo_ptr, col_ptr):
         r16 = tl.arange(0, 16)
         c128 = tl.arange(0, 128)
         qn = tl.load(q_ptr + r16[:, None] * 128 + c128[None, :])
-        ops = query_operand_order(qn)
         o = r16[:, None] * 16 + tl.arange(0, 16)[None, :]
-        for i in tl.static_range(8):
-            tl.store(qo_ptr + i * 256 + o, ops[i])
         i8 = tl.arange(0, 8)[:, None, None]
         tl.store(qs_ptr + i8 * 256 + o[None, :, :], query_operand_stack(qn))
         w = tl.arange(0, 4)[:, None, None]
@@ -203,30 +200,28 @@ _ATTENTION_TWIN = textwrap.dedent('''
     q = rng.integers(0, 1 << 20, (16, 128)).astype(np.int32)
     k = rng.integers(0, 1 << 20, (4, 32, 16)).astype(np.int32)
     v = rng.integers(0, 1 << 20, (4, 32, 64)).astype(np.int32)
-    qo = HostArray(np.zeros((8, 16, 16), np.int32))
     qs = HostArray(np.zeros((8, 16, 16), np.int32))
     ko = HostArray(np.zeros((4, 16, 32), np.int32))
     vo = HostArray(np.zeros((4, 4, 32, 16), np.int32))
     cols = HostArray(np.zeros(32, np.int32))
-    _orders[(1,)](HostArray(q), HostArray(k), HostArray(v), qo, qs, ko, vo, cols)
-    np.savez(sys.argv[1], q=q, k=k, v=v, qo=qo.array, qs=qs.array, ko=ko.array, vo=vo.array,
+    _orders[(1,)](HostArray(q), HostArray(k), HostArray(v), qs, ko, vo, cols)
+    np.savez(sys.argv[1], q=q, k=k, v=v, qs=qs.array, ko=ko.array, vo=vo.array,
              cols=cols.array)
 ''')
 
 
 def test_attention_operands_pair_query_key_and_value_elements(tmp_path):
-    """The Gluon attention prototype (``attention_gluon``): the query's eight operands hold
-    columns ``32 g + key_column(v, nib)`` (split, and stacked for one shared-memory store),
-    the keys' operand (per warp) byte ``key_column`` order as the index tile's, and the
-    values' blocks ``[source warp, group, token, byte]`` bytes ``16 g + j`` of each source
-    warp's tokens. (Mutations: the query's permute ``(0, 4, 3, 5, 1, 2, 6)`` as ``(0, 3, 4, 5,
-    1, 2, 6)`` fails it; so does the stack's ``(1, 2, 6, ..)`` as ``(2, 1, 6, ..)``.)"""
+    """The opt-in Gluon attention kernel (``attention_gluon``): the query's eight stacked
+    operands hold columns ``32 g + key_column(v, nib)``, the keys' operand (per warp) byte
+    ``key_column`` order as the index tile's, and the values' blocks ``[source warp, group,
+    token, byte]`` bytes ``16 g + j`` of each source warp's tokens. (Mutations: the stack's
+    permute ``(1, 2, 6, 0, 4, 3, 5)`` as ``(2, 1, 6, ..)`` or ``(.., 3, 4, 5)`` fails it; so
+    does the values' ``(0, 2, 1, 3)`` as ``(0, 1, 2, 3)``.)"""
     r = _interpreted(tmp_path, _ATTENTION_TWIN)
     cols = r["cols"]
     for i in range(8):
         g, nib = divmod(i, 2)
         want = r["q"][:, 32 * g + cols[16 * nib:16 * nib + 16]]
-        np.testing.assert_array_equal(r["qo"][i], want)
         np.testing.assert_array_equal(r["qs"][i], want)
     # keys: element [w, k, t] of the low-nibble order is byte b of token t where the group's
     # element key_column(k, 0) = 2 b (the same arrangement as the index tile's)

@@ -76,27 +76,12 @@ def value_blocks(half):
 
 
 @triton.jit
-def query_operand_order(qn):
-    """``[16, 128]`` query rows -> the eight ``[16, 16]`` operands (group 0 low nibble, group
-    0 high, group 1 low, ..), column ``v`` of operand ``(g, nib)`` holding column ``32 g +
-    index_tile_gluon.key_column(v, nib)``: columns ``(g1, g0, c, b1, b0, nib)`` reordered to
-    ``[row, v = (b1, c, b0) | g1, g0, nib]`` and split off along the last three."""
-    parts = tl.reshape(qn, (qn.shape[0], 2, 2, 4, 2, 2, 2))
-    parts = tl.reshape(tl.permute(parts, (0, 4, 3, 5, 1, 2, 6)), (qn.shape[0], 16, 2, 2, 2))
-    lo, hi = tl.split(parts)  # nibble
-    lo0, lo1 = tl.split(lo)  # g0
-    hi0, hi1 = tl.split(hi)
-    g0l, g2l = tl.split(lo0)  # g1
-    g1l, g3l = tl.split(lo1)
-    g0h, g2h = tl.split(hi0)
-    g1h, g3h = tl.split(hi1)
-    return g0l, g0h, g1l, g1h, g2l, g2h, g3l, g3h
-
-
-@triton.jit
 def query_operand_stack(qn):
-    """:func:`query_operand_order`'s eight operands stacked ``[8, 16, 16]`` (operand ``2 g +
-    nib``), one tensor for one shared-memory store."""
+    """``[16, 128]`` query rows -> the eight ``[16, 16]`` operands stacked ``[8, 16, 16]``
+    (operand ``2 g + nib``: group 0 low nibble, group 0 high, group 1 low, ..; one tensor for
+    one shared-memory store), column ``v`` of operand ``(g, nib)`` holding column ``32 g +
+    index_tile_gluon.key_column(v, nib)``: columns ``(g1, g0, c, b1, b0, nib)`` reordered to
+    ``[g1, g0, nib | row | v = (b1, c, b0)]``."""
     parts = tl.reshape(qn, (qn.shape[0], 2, 2, 4, 2, 2, 2))
     parts = tl.permute(parts, (1, 2, 6, 0, 4, 3, 5))  # [g1, g0, nib, row, b1, c, b0]
     return tl.reshape(parts, (8, qn.shape[0], 16))

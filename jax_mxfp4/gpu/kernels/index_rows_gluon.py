@@ -233,6 +233,9 @@ def _quad_lanes():
 
 @gluon.jit
 def _quad_shared(own, lanes):
+    """``float32 [128]`` (``SliceLayout(1, ACC)``): each token's value from the lane of its
+    quad that computed it (``own``: an output of :data:`_OWN_FACTORS`; ``lanes``: of
+    :func:`_quad_lanes`)."""
     return gl.inline_asm_elementwise(_QUAD_SHARE, "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [own, lanes],
                                      dtype=gl.float32, is_pure=True, pack=4)
 
@@ -240,9 +243,9 @@ def _quad_shared(own, lanes):
 @gluon.jit
 def _page_logits(page, qs, quad, j, pos, low):
     """Logits ``f32 [128 tok, 8 rows]`` of block ``j``'s tokens from its loaded page
-    (:func:`_page_loads`), -inf where a row does not see the token. ``low``: the smallest
-    position of the selected rows; a block below it is seen whole by every one of them, so it
-    takes no token mask."""
+    (:func:`_page_loads`), -inf where a row does not see the token. ``quad``: the program's
+    :func:`_quad_lanes`. ``low``: the smallest position of the selected rows; a block below it
+    is seen whole by every one of them, so it takes no token mask."""
     c0, c1, c2, c3, scales, _ = page
     zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
     lanes, own = quad
@@ -273,7 +276,9 @@ def _warp_maxima(page, qs, quad, j, pos, low):
     """Each warp's max logit of each dot row over its 32 of block ``j``'s tokens: ``f32
     [WARPS, 8]``, -inf where the page is not scored. No data crosses warps: a token's row of
     the accumulator is ``64 a + 16 w + c`` (``a``: register, ``w``: warp, ``c``: lane and
-    register), so the reshape moves nothing and the reductions stay in the warp."""
+    register), so the reshape moves nothing and the reductions stay in the warp: the two M
+    tiles in registers first, then the 16 tokens across lanes (half the shuffles of the other
+    order)."""
     logits = gl.reshape(_page_logits(page, qs, quad, j, pos, low),
                         [2, TILE_WARPS, 16, MAX_DOT_ROWS])
     best = gl.reduce(gl.reduce(logits, 0, _max_nan), 1, _max_nan)
