@@ -61,10 +61,12 @@ TOKENS = gl.constexpr(gl.SliceLayout(1, ACC))  # [warp, 32]: per token
 STAGING = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                order=[2, 1, 0]))
 OPERANDS = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
+"""The query's eight ``[16, 16]`` operands ``[8, 16, 16]`` and P's ``[source warp, 16, 32]``
+in shared memory, unswizzled (the slots' rank; :data:`STAGING` stores them whole)."""
 VALUES = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                               order=[3, 2, 1, 0]))
-"""One nibble's values ``[source warp, group, 32 tokens, 16 bytes]``, unswizzled."""
-"""The query's eight ``[16, 16]`` operands ``[8, 16, 16]`` in shared memory, unswizzled."""
+"""One nibble's values ``[source warp, group, 32 tokens, 16 bytes]``, unswizzled, stored
+whole (the buffer takes :data:`STAGING`, the rank of a source warp's slot)."""
 
 
 @triton.jit
