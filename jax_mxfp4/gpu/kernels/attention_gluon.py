@@ -175,10 +175,9 @@ def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
     the eight A operands ``fp16 [warp, 16, 16]`` (group, nibble; the same in every warp, in
     ``key_column`` order), with each head's scale exponent and mantissa (``[warp, 16]``,
     ``ROWS``). The tile is normalized spread over the program's threads (16 elements a
-    thread), then the eight operands go through one shared-memory buffer, read back after the
-    stores in their operand layout. Triton's barrier pass still separates the eight stores (it
-    does not tell the slots of one buffer apart): 12 barriers before the first MMA where the
-    eight layout changes took 23."""
+    thread), then the eight operands go to one shared-memory buffer in one store
+    (:func:`query_operand_stack`; eight stores to its slots took a barrier each) and are read
+    back in their operand layout."""
     m = gl.arange(0, 16, layout=gl.SliceLayout(1, Q_TILE))
     d = gl.arange(0, 128, layout=gl.SliceLayout(0, Q_TILE))
     x = gl.load(q_ptr + (first_row + m)[:, None] * 128 + d[None, :], mask=(m < G)[:, None],
@@ -213,18 +212,11 @@ def _query(q_ptr, first_row, G, Q_IS_FP8: gl.constexpr):
 
 @gluon.jit
 def _per_warp(slot):
-    """A ``[16, 16]`` query operand read from its shared-memory slot, the same in every warp:
-    ``[warp, 16, 16]`` in ``A_OP``."""
+    """A dot's A operand ``[16, K]`` read from its shared-memory slot (a query operand, or one
+    source warp's P), the same in every warp: ``[warp, 16, K]`` in ``A_OP``."""
+    K: gl.constexpr = slot.shape[1]
     y = slot.load(gl.SliceLayout(0, A_OP))[None, :, :]
-    return gl.broadcast(y, gl.zeros((WARPS, 16, 16), gl.float16, layout=A_OP))[0]
-
-
-@gluon.jit
-def _per_warp_p(slot):
-    """One source warp's probabilities ``[16, 32]`` (bf16) read from its shared-memory slot,
-    the same in every warp: the PV dots' A operand ``[warp, 16, 32]``."""
-    y = slot.load(gl.SliceLayout(0, A_OP))[None, :, :]
-    return gl.broadcast(y, gl.zeros((WARPS, 16, 32), gl.bfloat16, layout=A_OP))[0]
+    return gl.broadcast(y, gl.zeros((WARPS, 16, K), slot.dtype, layout=A_OP))[0]
 
 
 @gluon.jit
@@ -248,9 +240,7 @@ def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_run, l_run, acc_lo, acc
     every warp), the accumulators ``[warp, 16, 16]`` (warp ``g``: dims ``32 g + 2 j`` and
     ``+ 1``). A live logit that is not finite makes its head's ``m_run`` NaN for good."""
     _, k0, k1, k2, k3, k_scales, v_codes, v_scales = page
-    s0, s1 = mxfp4.scale_byte(k_scales, 0), mxfp4.scale_byte(k_scales, 1)
-    s2, s3 = mxfp4.scale_byte(k_scales, 2), mxfp4.scale_byte(k_scales, 3)
-    smax = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
+    s0, s1, s2, s3, smax = mxfp4.token_scales(k_scales)
     live = (first_tok + _warp_tokens(TOKENS)) < ctx
     # the values first: their registers are free again before the logits take theirs
     v_lo, v_hi = _value_halves(v_codes, v_scales, live)
@@ -289,7 +279,7 @@ def _attend(qa, q_exp, q_factor, page, first_tok, ctx, m_run, l_run, acc_lo, acc
     acc_lo = acc_lo * keep[None, :, None]
     acc_hi = acc_hi * keep[None, :, None]
     for src in gl.static_range(WARPS):  # the tokens of warp src, against every group
-        p_src = _per_warp_p(p_staged.index(src))
+        p_src = _per_warp(p_staged.index(src))
         acc_lo = mma_v2(p_src, vlo_staged.index(src).load(B_OP), acc_lo)
         acc_hi = mma_v2(p_src, vhi_staged.index(src).load(B_OP), acc_hi)
     gl.thread_barrier()  # the next page's stores wait for these loads

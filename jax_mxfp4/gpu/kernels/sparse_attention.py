@@ -485,9 +485,8 @@ def kernel_name(call) -> str:
 def _gluon_partials(call, layout: Plan) -> bool:
     """Whether the split partials come from ``attention_gluon.attention_split_kernel`` (the
     Triton kernel's split with explicit layouts: warps own tokens for QK, head dims for PV):
-    asked for
-    (``cuda_kernels="gluon"``; measured against the Triton kernel in RESULTS), on CUDA sm_80+,
-    fp16 key dots, up to 16 q heads per kv head."""
+    asked for (``cuda_kernels="gluon"``; measured against the Triton kernel in RESULTS), on
+    CUDA sm_80+, fp16 key dots, up to 16 q heads per kv head."""
     return triton_call.gluon_requested(call) and not call.config.fp8_dots and layout.gp == 16
 
 
