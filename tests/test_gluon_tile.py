@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -122,6 +123,64 @@ def test_rows_tile_key_operands_hold_the_query_columns(tmp_path):
                                       codes[:, cols[16 * nib:16 * nib + 16]])
 
 
+_ONE_ROW_TWIN = textwrap.dedent('''
+    import numpy as np, triton, triton.language as tl, sys
+    sys.modules["torch"] = None
+    from host_array import HostArray
+    from jax_mxfp4.gpu.kernels.index_row_gluon import (element_of_k, group_dots,
+                                                       group_starts, key_order, query_operand)
+
+    @triton.jit
+    def _dots(lo_ptr, hi_ptr, x_ptr, out_ptr):
+        tok = tl.arange(0, 128)
+        byte = tl.arange(0, 64)
+        lo = tl.load(lo_ptr + tok[:, None] * 64 + byte[None, :])
+        hi = tl.load(hi_ptr + tok[:, None] * 64 + byte[None, :])
+        keys = key_order(lo, hi).to(tl.int8)
+        k = tl.arange(0, 128)
+        x = tl.load(x_ptr + element_of_k(k))
+        operand = query_operand(x, k, tl.arange(0, 16)).to(tl.int8)
+        dots = group_dots(tl.dot(keys, operand)) + group_starts(x)[None, :]
+        tl.store(out_ptr + tok[:, None] * 4 + tl.arange(0, 4)[None, :], dots)
+
+    lo, hi, x = (np.load(sys.argv[2])[name] for name in ("lo", "hi", "x"))
+    out = HostArray(np.zeros((128, 4), np.int32))
+    _dots[(1,)](HostArray(lo), HostArray(hi), HostArray(x), out)
+    np.savez(sys.argv[1], dots=out.array)
+''')
+
+
+def test_row_tile_int8_dots_are_the_exact_group_dots(tmp_path):
+    """``index_row_gluon``: the decoded keys put in operand order (``key_order``), the query's
+    parts in the columns of their group (``query_operand``), one int8 dot, then
+    ``group_dots`` plus ``group_starts``: each token's four group dots ``sum(2 * e2m1 * x)``
+    exactly, for ``x = q * 2**9`` of e4m3 queries over their whole range (+-448 against +-6
+    among them). (Mutations: ``key_order``'s permute as ``(0, 2, 4, 3, 1)``, the ones
+    column's weight 32896 -> 32768, or the low slices' ``^ 0x80`` left out, fail it.)"""
+    rng = np.random.default_rng(3)
+    e2m1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    codes = rng.integers(0, 16, (128, 128))  # [token, element]
+    codes[:2] = [[7], [15]]  # every element 6, then -6
+    codes[2, ::2] = 7
+    codes[2, 1::2] = 15
+    fp8 = np.arange(256, dtype=np.uint8)
+    fp8 = fp8[(fp8 & 0x7F) != 0x7F].view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    q = rng.choice(fp8, 128)
+    q[:40] = 448.0
+    q[32:40] = -448.0
+    x = (q * 512).astype(np.int32)
+    keys = (12 + 2 * e2m1[codes]).astype(np.int32).reshape(128, 16, 8)  # [token, word, i]
+    lo = keys[:, :, :4].reshape(128, 64)  # at 4w + p: element p of word w
+    hi = keys[:, :, 4:].reshape(128, 64)
+    arrays = tmp_path / "in.npz"
+    np.savez(arrays, lo=lo, hi=hi, x=x)
+    script = _ONE_ROW_TWIN.replace("sys.argv[2]", repr(str(arrays)))
+    dots = _interpreted(tmp_path, script)["dots"]
+    want = (2 * e2m1[codes] * q[None, :] * 512).reshape(128, 4, 32).sum(axis=2)
+    assert np.abs(want).max() > 2**24
+    np.testing.assert_array_equal(dots, want.astype(np.int64))
+
+
 def _gluon_sm90(kernel, constexprs: dict, num_warps: int):
     """Triton's sm_90 compile of a Gluon index kernel (the launcher's argument types)."""
     import triton
@@ -161,6 +220,22 @@ def test_keys_reach_the_tensor_cores_without_shared_memory(tile):
     ttgir = compiled.asm["ttgir"]
     assert "local_store" not in ttgir or "xf16" not in ttgir.split("local_store")[1][:400]
     assert ttgir.count("mma_v2") + ttgir.count("tt.dot") >= dots
+
+
+def test_row_tile_keys_reach_the_tensor_cores_without_shared_memory():
+    """``index_row_gluon``'s sm_90 compile: 32 int8 ``mma.sync`` a block (four M tiles a warp,
+    four ``K = 32`` steps, two N tiles), and shared memory only for the query operand's one
+    move, the group dots' move into the sum's layout and the maximum across the two warps
+    (eight ``st.shared`` in the PTX): a page's decoded keys (``128 x 128`` bytes, 16 vector
+    stores a thread) never pass through it."""
+    from jax_mxfp4.gpu.kernels import index_row_gluon
+
+    compiled = _gluon_sm90(index_row_gluon.index_row_kernel, {"BLOCKS": 4, "ROUND_Q": True},
+                           index_row_gluon.WARPS)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("mma.sync.aligned.m16n8k32.row.col") == 32
+    assert ptx.count("st.shared") <= 8
+    assert compiled.metadata.shared <= 2048
 
 
 _ATTENTION_TWIN = textwrap.dedent('''

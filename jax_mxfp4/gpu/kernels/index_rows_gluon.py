@@ -89,13 +89,14 @@ CODES = gl.constexpr(gl.DistributedLinearLayout(
 
 @triton.jit
 def word_bytes(words):
-    """Code words ``[N, 4]`` -> their bytes ``[N, 16]`` (byte ``4c + b``: byte ``b`` of word
+    """Code words ``[N, W]`` -> their bytes ``[N, 4 W]`` (byte ``4c + b``: byte ``b`` of word
     ``c``, little-endian), as the page holds them. Plain ``triton.jit``: the interpreter runs
     it in the tests."""
     b0, b1 = (words & 0xFF).to(tl.uint8), ((words >> 8) & 0xFF).to(tl.uint8)
     b2, b3 = ((words >> 16) & 0xFF).to(tl.uint8), (words >> 24).to(tl.uint8)
-    # join stacks on a new last axis: [N, 4, 2 (byte bit 1), 2 (byte bit 0)]
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (words.shape[0], 16))
+    # join stacks on a new last axis: [N, W, 2 (byte bit 1), 2 (byte bit 0)]
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)),
+                      (words.shape[0], 4 * words.shape[1]))
 
 
 @triton.jit

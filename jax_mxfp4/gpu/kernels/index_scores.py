@@ -14,9 +14,11 @@ row scored on the CUDA cores, in exact integer byte dots where its query is e4m3
 ``row_dot``; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
 static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
-``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
-sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (128-row
-warpgroup-MMA tiles, two programs per SM).
+``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), one-row
+tiles of an e4m3-exact query ``index_row_gluon.index_row_kernel`` (the same integer dots on
+the int8 tensor cores), and on sm_90 prefill-shaped tiles of fp16 dots
+``index_prefill_gluon.index_prefill_kernel`` (128-row warpgroup-MMA tiles, two programs per
+SM).
 """
 
 from __future__ import annotations
@@ -523,6 +525,8 @@ def kernel_name(call) -> str:
     dot, num_blocks = _dot(call), call.params["num_blocks"]
     layout = plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0], num_blocks,
                   call.target.units, foldable=dot != "fp8")
+    if _row_tile(call, layout):
+        return "index_row_kernel[int8 dots]"
     if _gluon_tile(call, layout, dot, num_blocks):
         return f"index_tile_kernel[{dot} dots]"
     if _prefill_tile(call, layout, dot):
@@ -538,6 +542,17 @@ def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
     for decode-shaped 16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
     return (triton_call.gluon_requested(call) and dot == "fp16" and layout.m == 16
             and not layout.one_row and not layout.fold and num_blocks <= 65535)
+
+
+def _row_tile(call, layout: Plan) -> bool:
+    """Whether the call takes ``index_row_gluon.index_row_kernel`` (a one-row tile's exact
+    integer group dots on the int8 tensor cores, the page's tokens as the MMA's M; the same
+    bits as the Triton one-row kernel's integer dots): by default (``cuda_kernels="auto"``),
+    one-row tiles of an e4m3-exact query on CUDA sm_80+."""
+    q_fp8 = jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn
+    exact = q_fp8 or call.params["q_round"] == "e4m3"
+    return (call.config.cuda_kernels == "auto" and triton_call.gluon_runs(call)
+            and layout.one_row and exact and not call.config.fp8_dots)
 
 
 def _rows_tile(call, layout: Plan, dot: str) -> bool:
@@ -643,6 +658,22 @@ def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
     return walk_blocks(row_tiles, num_blocks, num_sms, ROWS_TILE_BLOCKS_MAX, 4)
 
 
+ROW_TILE_BLOCKS_MAX = 8
+"""Blocks per ``index_row_kernel`` program at most (its query operand built once for them,
+the next page in flight while one is scored)."""
+
+ROW_TILE_PROGRAMS_PER_SM = 6
+"""Programs per SM the ``index_row_kernel`` grid keeps at least: fewer blocks per program
+only where the grid is small."""
+
+
+def row_tile_blocks(rows: int, num_blocks: int, num_sms: int) -> int:
+    """Blocks per ``index_row_kernel`` program (:func:`walk_blocks`): up to
+    :data:`ROW_TILE_BLOCKS_MAX` while the grid keeps :data:`ROW_TILE_PROGRAMS_PER_SM`
+    programs per SM. A block's scores do not depend on it."""
+    return walk_blocks(rows, num_blocks, num_sms, ROW_TILE_BLOCKS_MAX, ROW_TILE_PROGRAMS_PER_SM)
+
+
 def _launch(call, kernel, grid, scalars: dict, constants: dict, num_warps: int,
             max_registers: int | None = None):
     """The launch of one of the index kernels, which all take the same buffers (the call's
@@ -664,6 +695,18 @@ def _rows_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, consta
     shared = {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}
     return _launch(call, index_rows_gluon.index_rows_kernel, grid, scalars,
                    {**shared, "BLOCKS": blocks}, index_rows_gluon.WARPS, ROWS_TILE_REGISTERS)
+
+
+def _row_tile_launch(call, num_blocks: int, scalars: dict, constants: dict):
+    """``index_row_gluon.index_row_kernel`` on one row a program and
+    :func:`row_tile_blocks` blocks per program."""
+    from jax_mxfp4.gpu.kernels import index_row_gluon
+
+    rows = call.avals_in[0].shape[0]
+    blocks = row_tile_blocks(rows, num_blocks, call.target.units)
+    grid = (rows, triton.cdiv(num_blocks, blocks), 1)
+    return _launch(call, index_row_gluon.index_row_kernel, grid, scalars,
+                   {"BLOCKS": blocks, "ROUND_Q": constants["ROUND_Q"]}, index_row_gluon.WARPS)
 
 
 def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
@@ -702,7 +745,9 @@ def lower(ctx, call, q, pool, table, positions, requests):
                  "ONE_ROW": layout.one_row, "FOLD": layout.fold}
     constants["INT_DOTS"] = int_dots(call.target, layout, constants)
     empty = not (rows and num_blocks and num_requests)
-    if _gluon_tile(call, layout, dot, num_blocks):
+    if _row_tile(call, layout) and not empty:
+        launch = _row_tile_launch(call, num_blocks, scalars, constants)
+    elif _gluon_tile(call, layout, dot, num_blocks):
         grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
         launch = _gluon_tile_launch(call, grid, scalars, constants)
     elif _prefill_tile(call, layout, dot) and not empty:
