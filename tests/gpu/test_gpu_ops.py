@@ -256,9 +256,9 @@ def _index_kernel(case, kernels: str, q_round: str = "e4m3"):
 
 @pytest.mark.parametrize("shape", ["random", "wide", "deep", "e4m3", "long", "nan"])
 def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
-    """``index_row_gluon`` (the default one-row tile on CUDA, exact integer group dots on the
-    int8 tensor cores) gives the Triton one-row kernel's bits (``cuda_kernels="triton"``:
-    the same integers by ``dp4a``, the same fp32 steps after them) on inexact data: random
+    """``index_row_gluon`` (the opt-in one-row tile, ``cuda_kernels="gluon"``: exact integer
+    group dots on the int8 tensor cores) gives the default Triton one-row kernel's bits (the
+    same integers by ``dp4a``, the same fp32 steps after them) on inexact data: random
     pools with garbage tails (scale bytes 0 and 255) and an invalid page id in reach (random),
     queries over e4m3's whole range (wide), deep and all-zero scale groups (deep), an e4m3
     query (e4m3), 8 rows over 601 blocks, the last program's blocks partly past the end
@@ -288,8 +288,8 @@ def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
         q[3, 0, ::2] = -0.0
         q[3, 0, 1::2] = 0.0
         case.q = q.astype(case.q.dtype)
-    got, names = _index_kernel(case, "auto")
-    want, triton_names = _index_kernel(case, "triton")
+    got, names = _index_kernel(case, "gluon")
+    want, triton_names = _index_kernel(case, "auto")
     assert any("index_row_kernel" in n for n in names), names
     assert any("index_scores_kernel" in n for n in triton_names), triton_names
     assert np.isfinite(want).sum() >= 8

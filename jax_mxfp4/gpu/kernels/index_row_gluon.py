@@ -1,14 +1,19 @@
-"""Gluon kernel (CUDA sm_80+): ``index_scores`` on one-row tiles (S = 1, H = 1) of an
-e4m3-exact query, the group dots as exact int8 tensor-core dots (``mma.sync.m16n8k32.s8``)
-with a page's 128 tokens as the MMA's M.
+"""Gluon kernel (CUDA sm_80+, opt-in: ``cuda_kernels="gluon"``): ``index_scores`` on one-row
+tiles (S = 1, H = 1) of an e4m3-exact query, the group dots as exact int8 tensor-core dots
+(``mma.sync.m16n8k32.s8``) with a page's 128 tokens as the MMA's M.
 
 Why: the CUDA-core one-row scorer (``row_dot``) spends three ``dp4a`` per four elements on
 its exact integer dots, a fifth of its instructions; here 32 ``IMMA`` a warp and block take
-their place. The integers are the same (``row_dot``'s reasoning: ``x = q * 2**9`` is an
-integer below ``2**18``, a key element the unsigned byte ``12 + 2 * e2m1``), and so is
-everything after them: each group's dot becomes fp32 and takes ``mxfp4.row_group_sum`` and
-the one-row epilogue in the Triton kernel's layout, so a block's score is the Triton one-row
-kernel's bit for bit on any data (``tests/gpu`` compares them).
+their place (560 instructions a warp and block against ~650). Measured on the H200 it is not
+faster: at 8K contexts its accumulator and the next page in flight (114 registers on two
+warps) leave fewer blocks resident than the one-warp Triton program, and the larger cells
+are bound by the page bytes (bench/RESULTS.md, twenty-second session).
+
+The integers are the same (``row_dot``'s reasoning: ``x = q * 2**9`` is an integer below
+``2**18``, a key element the unsigned byte ``12 + 2 * e2m1``), and so is everything after
+them: each group's dot becomes fp32 and takes ``mxfp4.row_group_sum`` and the one-row
+epilogue in the Triton kernel's layout, so a block's score is the Triton one-row kernel's bit
+for bit on any data (``tests/gpu`` compares them).
 
 How the group dots become one MMA (:func:`query_operand`): the MMA's N holds 16 columns,
 ``(slice, group)`` pairs, and the query operand of a group's column is zero outside the

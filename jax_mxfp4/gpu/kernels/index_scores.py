@@ -14,11 +14,11 @@ row scored on the CUDA cores, in exact integer byte dots where its query is e4m3
 ``row_dot``; prefill-shaped: up to 128 dot rows per tile, folded keys, up to
 eight blocks per program, the next block's page in flight while one is scored) is chosen from
 static shapes by :func:`plan`. On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
-``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), one-row
-tiles of an e4m3-exact query ``index_row_gluon.index_row_kernel`` (the same integer dots on
-the int8 tensor cores), and on sm_90 prefill-shaped tiles of fp16 dots
-``index_prefill_gluon.index_prefill_kernel`` (128-row warpgroup-MMA tiles, two programs per
-SM).
+``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
+sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (128-row
+warpgroup-MMA tiles, two programs per SM); under ``cuda_kernels="gluon"`` one-row tiles of an
+e4m3-exact query take ``index_row_gluon.index_row_kernel`` (the same integer dots on the int8
+tensor cores).
 """
 
 from __future__ import annotations
@@ -547,12 +547,13 @@ def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
 def _row_tile(call, layout: Plan) -> bool:
     """Whether the call takes ``index_row_gluon.index_row_kernel`` (a one-row tile's exact
     integer group dots on the int8 tensor cores, the page's tokens as the MMA's M; the same
-    bits as the Triton one-row kernel's integer dots): by default (``cuda_kernels="auto"``),
-    one-row tiles of an e4m3-exact query on CUDA sm_80+."""
+    bits as the Triton one-row kernel's integer dots): asked for (``cuda_kernels="gluon"``),
+    one-row tiles of an e4m3-exact query on CUDA sm_80+. Not the default: 0.98-1.12x the
+    Triton one-row kernel's time on the H200 (bench/RESULTS.md, twenty-second session)."""
     q_fp8 = jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn
     exact = q_fp8 or call.params["q_round"] == "e4m3"
-    return (call.config.cuda_kernels == "auto" and triton_call.gluon_runs(call)
-            and layout.one_row and exact and not call.config.fp8_dots)
+    return (triton_call.gluon_requested(call) and layout.one_row and exact
+            and not call.config.fp8_dots)
 
 
 def _rows_tile(call, layout: Plan, dot: str) -> bool:
@@ -660,11 +661,13 @@ def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
 
 ROW_TILE_BLOCKS_MAX = 8
 """Blocks per ``index_row_kernel`` program at most (its query operand built once for them,
-the next page in flight while one is scored)."""
+the next page in flight while one is scored). RESULTS, twenty-second session: at most 1 / 2
+/ 8 blocks 103.3 / 97.5 / 81.9 us at b32 ctx 128K."""
 
 ROW_TILE_PROGRAMS_PER_SM = 6
 """Programs per SM the ``index_row_kernel`` grid keeps at least: fewer blocks per program
-only where the grid is small."""
+only where the grid is small (RESULTS, twenty-second session: 7.3 us at b32 ctx 8K, two
+blocks a program, against 8.6 at 3 programs per SM, five blocks)."""
 
 
 def row_tile_blocks(rows: int, num_blocks: int, num_sms: int) -> int:
