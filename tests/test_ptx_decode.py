@@ -270,35 +270,6 @@ def test_group_dot(rng):
         assert not regs[out].any()
 
 
-def test_narrow_group_dot(rng):
-    """``row_dot._GROUP_DOT_NARROW``: with every ``|x| < NARROW_LIMIT`` (``|q| < 64``: e4m3
-    queries up to 60 and down to the subnormals, and ``x = -(2**15 - 512)``, the widest
-    negative) the two-slice form gives ``sum(2 * e2m1 * x)`` exactly, as ``_GROUP_DOT`` does
-    over the whole range. (Mutations: its middle slice taken unsigned, or ``lo`` not
-    starting from ``$32``, fail it.)"""
-    from jax_mxfp4.gpu.kernels import row_dot
-
-    words = _words(rng)
-    words = words[: len(words) // 4 * 4].reshape(-1, 4)
-    q = _e4m3_query(rng, words.size * 8)
-    q = np.where(np.abs(q) < 64, q, np.sign(q) * 60.0)  # 60 is e4m3 (1.875 * 2**5)
-    x = (q.reshape(-1, 4, 8).astype(np.float64) * 512).astype(np.int64)
-    x[:2] = -(2**15 - 512)  # the most negative narrow x
-    assert np.abs(x).max() < row_dot.NARROW_LIMIT.value and (x < -2**8).any()
-    slices = [_slice_bytes(x[:, :, 4 * half:4 * half + 4], shift)
-              for shift in (0, 8, 16) for half in (0, 1)]
-    start = _u32((-12 * x.sum(axis=(1, 2))) & 0xFFFFFFFF)
-    operands = [None] * 4 + [words[:, w] for w in range(4)]
-    operands += [sl[:, w] for sl in slices for w in range(4)]
-    operands += [start] + [np.zeros_like(start)] * 3
-    operands += [np.full_like(start, 0x0F0E0D0C)] * 4 + [np.full_like(start, 0x090A0B0C)] * 4
-    regs = run_ptx(row_dot._GROUP_DOT_NARROW.value, operands)
-    doubled = np.stack([_element(words, k) * 2 for k in range(8)], axis=-1)
-    want = (doubled.astype(np.int64) * x).sum(axis=(1, 2))
-    np.testing.assert_array_equal(regs["$0"], _u32(want & 0xFFFFFFFF))
-    assert "hi" not in row_dot._GROUP_DOT_NARROW.value.split("mov.b32 hi, 0;")[1]
-
-
 def test_query_slices(rng):
     """``row_dot._FIXED`` (``x = q * 2**9``, NaN as 0) and ``row_dot._SLICES`` (the low,
     middle and high bytes of four elements' ``x``), and ``_TABLE_WORDS``' two words."""
@@ -396,8 +367,7 @@ def test_interpreter_knows_every_instruction():
              "shfl.sync.idx.b32"}
     texts = {name: _ptx(name) for name in ("_FP16_PAIRS", "_WORD_FP32", "_BF16_SCALED")}
     texts.update({name: getattr(row_dot, name).value
-                  for name in ("_GROUP_DOT", "_GROUP_DOT_NARROW", "_FIXED", "_SLICES",
-                               "_TABLE_WORDS")})
+                  for name in ("_GROUP_DOT", "_FIXED", "_SLICES", "_TABLE_WORDS")})
     texts.update({name: getattr(rows, name).value
                   for name in ("_QUAD_LANES", "_OWN_FACTORS", "_QUAD_SHARE")})
     from jax_mxfp4.gpu.kernels import index_row_gluon

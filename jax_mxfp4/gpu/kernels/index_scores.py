@@ -382,10 +382,9 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
     first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
+        q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
         if INT_DOTS:  # its integer slices and NaN flag
-            q_row = row_dot.query_slices(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
-        else:
-            q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
+            q_row = row_dot.query_slices(q_row, PTX)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
                     first_block, NB, W, P, score_scale, BLOCKS, INT_DOTS, PTX)
     elif FOLD and (req_lo == req_hi):

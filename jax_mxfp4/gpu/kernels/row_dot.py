@@ -55,46 +55,33 @@ _TABLE_WORDS = tl.constexpr("{ .reg .b32 z; mov.u32 z, %laneid; prmt.b32 z, z, 0
                             " or.b32 $0, z, 0x0F0E0D0C; or.b32 $1, z, 0x090A0B0C; }")
 
 
-def _word_terms(word: str, lo0: str, lo1: str, mid0: str, mid1: str, hi0: str, hi1: str,
-                narrow: bool) -> str:
+def _word_terms(word: str, lo0: str, lo1: str, mid0: str, mid1: str, hi0: str,
+                hi1: str) -> str:
     """PTX adding one code word's 8 terms ``(12 + 2 * e2m1) * x`` to the accumulators ``lo``,
-    ``mid``, ``hi`` (byte products of the low, middle and signed high query slices), or,
-    ``narrow``, to ``lo`` and ``mid`` with the middle slice signed (``|x| < 2**15``: ``x`` is
-    its low byte plus 256 times its signed second byte, and the high slice is not read)."""
-    mid_sign = "s32" if narrow else "u32"
-    terms = (f"xor.b32 x, {word}, 0x88888888; shr.b32 wh, {word}, 16; shr.b32 xh, x, 16;\n"
-             f"prmt.b32 p, t0, t1, {word}; prmt.b32 n, t2, t3, x; or.b32 k0, p, n;\n"
-             "prmt.b32 p, t0, t1, wh; prmt.b32 n, t2, t3, xh; or.b32 k1, p, n;\n"
-             f"dp4a.u32.u32 lo, k0, {lo0}, lo; dp4a.u32.u32 lo, k1, {lo1}, lo;\n"
-             f"dp4a.u32.{mid_sign} mid, k0, {mid0}, mid;"
-             f" dp4a.u32.{mid_sign} mid, k1, {mid1}, mid;\n")
-    if narrow:
-        return terms
-    return terms + (f"dp4a.u32.s32 hi, k0, {hi0}, hi; dp4a.u32.s32 hi, k1, {hi1}, hi;\n")
+    ``mid``, ``hi`` (byte products of the low, middle and signed high query slices)."""
+    return (f"xor.b32 x, {word}, 0x88888888; shr.b32 wh, {word}, 16; shr.b32 xh, x, 16;\n"
+            f"prmt.b32 p, t0, t1, {word}; prmt.b32 n, t2, t3, x; or.b32 k0, p, n;\n"
+            "prmt.b32 p, t0, t1, wh; prmt.b32 n, t2, t3, xh; or.b32 k1, p, n;\n"
+            f"dp4a.u32.u32 lo, k0, {lo0}, lo; dp4a.u32.u32 lo, k1, {lo1}, lo;\n"
+            f"dp4a.u32.u32 mid, k0, {mid0}, mid; dp4a.u32.u32 mid, k1, {mid1}, mid;\n"
+            f"dp4a.u32.s32 hi, k0, {hi0}, hi; dp4a.u32.s32 hi, k1, {hi1}, hi;\n")
 
 
-def _group_dot_ptx(narrow: bool = False) -> str:
+def _group_dot_ptx() -> str:
     """One scale group's dot over its four code words, ``pack = 4``: ``$4..$7`` the words,
     then four operands of each query slice (``$8..`` low bytes of elements 0-3, ``$12..`` of
     4-7, ``$16..``, ``$20..`` middle, ``$24..``, ``$28..`` signed high) and ``$32`` the
     group's ``-12 * sum(x)`` (``$33..$35`` unused). ``$0`` = the group's ``sum(2 * e2m1 *
-    x)`` (mod 2**32; the value fits in int32), ``$1..$3`` = 0. ``narrow``: the two-slice form
-    (:func:`_word_terms`), for a row whose every ``|x| < 2**15``: 16 ``dp4a`` a group instead
-    of 24."""
-    body = "".join(_word_terms(f"${4 + w}", *(f"${8 + 4 * s + w}" for s in range(6)),
-                               narrow=narrow) for w in range(4))
-    high = "mov.b32 $0, lo;" if narrow else "mad.lo.u32 $0, hi, 65536, lo;"
+    x)`` (mod 2**32; the value fits in int32), ``$1..$3`` = 0."""
+    body = "".join(_word_terms(f"${4 + w}", *(f"${8 + 4 * s + w}" for s in range(6)))
+                   for w in range(4))
     return ("{ .reg .b32 x, wh, xh, p, n, k0, k1, lo, mid, hi, t0, t1, t2, t3;\n" + _TABLES
             + "mov.b32 lo, $32; mov.b32 mid, 0; mov.b32 hi, 0;\n" + body
-            + "mad.lo.u32 lo, mid, 256, lo; " + high + "\n"
+            + "mad.lo.u32 lo, mid, 256, lo; mad.lo.u32 $0, hi, 65536, lo;\n"
             + "mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }")
 
 
 _GROUP_DOT = tl.constexpr(_group_dot_ptx())
-_GROUP_DOT_NARROW = tl.constexpr(_group_dot_ptx(narrow=True))
-NARROW_LIMIT = tl.constexpr(2**15)
-"""A row whose every ``|x|`` is below this (``|q| < 64``) takes the two-slice group dot: its
-``x`` is its low byte plus 256 times its signed second byte. The same integers either way."""
 _GROUP_DOT_CONSTRAINTS = tl.constexpr(",".join(["=r"] * 4 + ["r"] * 40))
 
 
@@ -137,36 +124,25 @@ def _slices(x0, x1, x2, x3, PTX: tl.constexpr):
 
 
 @triton.jit
-def query_slices(q_ptr, row, row_ok, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
-    """Row ``row``'s query (one head; zeros where not ``row_ok``) as the group dot
-    (:func:`group_dots`) takes it: ``(lo0, lo1, mid0, mid1, hi0, hi1, start, narrow)``:
-    uint32 ``[16]`` per word column (``lo0``: elements 0-3's low bytes of ``x = q * 2**9``,
-    ``lo1``: 4-7's, and so on; ``start``: the group's ``-12 * sum(x)`` at its first word, 0
-    at the others) and whether every ``|x| < NARROW_LIMIT`` (a scalar), and ``nan``, a scalar
-    fp32: NaN if an element is NaN, else 0 (a NaN counts as 0 in the slices). A bf16 query
-    is rounded to e4m3 where ``ROUND_Q``; an e4m3 one is taken as it is.
-
-    One load of the row (Triton then computes the slices in the layout of the words that
-    take them: each thread converts its group's 32 elements once)."""
-    v = tl.load(q_ptr + row.to(tl.int64) * 128 + tl.arange(0, 128), mask=row_ok, other=0.0)
-    v = v.to(tl.float32)
-    if ROUND_Q:
-        v = mxfp4.round_e4m3(v, PTX).to(tl.float32)
-    x = _fixed(v, PTX)  # [128], element 8w + i of word w
-    even, odd = tl.split(tl.reshape(x, (32, 2, 2)))  # [half word, element bit 1]
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
-    lo, mid, hi = _slices(x0, x1, x2, x3, PTX)  # [32]: elements 4h .. 4h + 3
-    lo0, lo1 = tl.split(tl.reshape(lo, (16, 2)))
-    mid0, mid1 = tl.split(tl.reshape(mid, (16, 2)))
-    hi0, hi1 = tl.split(tl.reshape(hi, (16, 2)))
-    group_sums = tl.sum(tl.reshape(x, (4, 32)), axis=1) * -KEY_OFFSET
+def query_slices(q, PTX: tl.constexpr):
+    """A row's query as the group dot (:func:`group_dots`) takes it, from ``q`` (eight fp32
+    ``[16]`` in ``mxfp4.WORD_ORDER``, e4m3-exact: ``q[j][w]`` is element ``8w +
+    WORD_ORDER[j]``): ``(lo0, lo1, mid0, mid1, hi0, hi1, start)`` uint32 ``[16]`` per word
+    column (``lo0``: elements 0-3's low bytes, ``lo1``: 4-7's, and so on; ``start``: the
+    group's ``-12 * sum(x)`` at its first word, 0 at the others), and ``nan``, a scalar
+    fp32: NaN if an element is NaN, else 0 (a NaN counts as 0 in the slices)."""
+    # a word's elements 0..7 are q[0], q[4], q[2], q[6], q[1], q[5], q[3], q[7]
+    x0, x1, x2, x3 = _fixed(q[0], PTX), _fixed(q[4], PTX), _fixed(q[2], PTX), _fixed(q[6], PTX)
+    x4, x5, x6, x7 = _fixed(q[1], PTX), _fixed(q[5], PTX), _fixed(q[3], PTX), _fixed(q[7], PTX)
+    word_start = 0 - (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * KEY_OFFSET  # [16]
     first = tl.arange(0, 4)[None, :] == 0  # each group's sum at its first word, 0 elsewhere
-    start = tl.reshape(tl.where(first, group_sums[:, None], 0), (16,)).to(tl.uint32,
-                                                                           bitcast=True)
-    narrow = tl.max(tl.abs(x), axis=0) < NARROW_LIMIT
-    nan = tl.sum(v * 0.0, axis=0)  # NaN where an element is
-    return (lo0, lo1, mid0, mid1, hi0, hi1, start, narrow), nan
+    start = tl.where(first, tl.sum(tl.reshape(word_start, (4, 4)), axis=1)[:, None], 0)
+    start = tl.reshape(start, (16,)).to(tl.uint32, bitcast=True)
+    zeros = q[0] * 0.0 + q[1] * 0.0 + q[2] * 0.0 + q[3] * 0.0  # NaN where an element is
+    zeros += q[4] * 0.0 + q[5] * 0.0 + q[6] * 0.0 + q[7] * 0.0
+    lo0, mid0, hi0 = _slices(x0, x1, x2, x3, PTX)
+    lo1, mid1, hi1 = _slices(x4, x5, x6, x7, PTX)
+    return (lo0, lo1, mid0, mid1, hi0, hi1, start), tl.sum(zeros, axis=0)
 
 
 @triton.jit
@@ -201,21 +177,17 @@ def group_dots(words, slices, PTX: tl.constexpr):
     ``words`` (uint32 ``[N, 16]``; ``slices`` from :func:`query_slices`, per word column):
     one :data:`_GROUP_DOT` per four words where inline PTX runs (``PTX``: a thread holds a
     group's four words in a row, as the 16-byte loads of :func:`mxfp4.row_words` place
-    them), :data:`_GROUP_DOT_NARROW` for a narrow row (the same integers), else the same
-    integer steps in plain Triton (the interpreter's form)."""
+    them), else the same integer steps in plain Triton (the interpreter's form)."""
     if PTX:
         positive, negative = tl.inline_asm_elementwise(
             _TABLE_WORDS, "=r,=r,r", [slices[6]], dtype=(tl.uint32, tl.uint32), is_pure=True,
             pack=1)
-        operands = [words, slices[0][None, :], slices[1][None, :], slices[2][None, :],
-                    slices[3][None, :], slices[4][None, :], slices[5][None, :],
-                    slices[6][None, :], positive[None, :], negative[None, :]]
-        if slices[7]:
-            dots = tl.inline_asm_elementwise(_GROUP_DOT_NARROW, _GROUP_DOT_CONSTRAINTS, operands,
-                                             dtype=tl.int32, is_pure=True, pack=4)
-        else:
-            dots = tl.inline_asm_elementwise(_GROUP_DOT, _GROUP_DOT_CONSTRAINTS, operands,
-                                             dtype=tl.int32, is_pure=True, pack=4)
+        dots = tl.inline_asm_elementwise(
+            _GROUP_DOT, _GROUP_DOT_CONSTRAINTS,
+            [words, slices[0][None, :], slices[1][None, :], slices[2][None, :],
+             slices[3][None, :], slices[4][None, :], slices[5][None, :], slices[6][None, :],
+             positive[None, :], negative[None, :]],
+            dtype=tl.int32, is_pure=True, pack=4)
         pairs, _ = tl.split(tl.reshape(dots, (words.shape[0], 4, 2, 2)))
         first_of_group, _ = tl.split(pairs)
         return first_of_group
