@@ -139,37 +139,8 @@ def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     the page id lies in ``[0, P)``). The one rule of the one-row and the prefetching walks."""
     reached = (j < NB) & (j * 128 <= reach)
     page = tl.load(table_ptr + tl.cast(req, tl.int64) * W + j, mask=reached, other=-1)
-    return _page_address(pool_ptr, page, reached, P)
-
-
-@triton.jit
-def _page_address(pool_ptr, page, reached, P):
-    """:func:`_block_page`'s address and rule for a loaded page id."""
     ok = reached & (page >= 0) & (page < P)
     return pool_ptr + tl.where(ok, page, 0).to(tl.int64) * mxfp4.PAGE_BYTES, ok
-
-
-@triton.jit
-def _guessed_page(table_ptr, guess_req, j, B, NB, W):
-    """Block ``j``'s page id in the table row ``guess_req``, asked for before the row's
-    metadata: a one-row decode batch has row ``t`` in request ``t``, so this is usually its
-    page, one dependent round trip earlier. The row and block are clamped into the table
-    (no mask: nothing delays the load); :func:`_first_block_page` uses it only where the
-    row's request is ``guess_req``."""
-    row = tl.minimum(guess_req, B - 1)
-    return tl.load(table_ptr + tl.cast(row, tl.int64) * W + tl.minimum(j, NB - 1))
-
-
-@triton.jit
-def _first_block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P, guess, guess_req):
-    """:func:`_block_page` given :func:`_guessed_page`'s ``guess`` for request ``guess_req``:
-    the guess where ``req`` is that request, else the table's entry loaded now (the same
-    page either way)."""
-    reached = (j < NB) & (j * 128 <= reach)
-    right = req == guess_req
-    loaded = tl.load(table_ptr + tl.cast(req, tl.int64) * W + j, mask=reached & ~right,
-                     other=-1)
-    return _page_address(pool_ptr, tl.where(right, guess, loaded), reached, P)
 
 
 @triton.jit
@@ -190,22 +161,17 @@ def _row_block_max(q_row, words, scales, ok, pos0, j, INT_DOTS: tl.constexpr,
 
 @triton.jit
 def _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok, first_block, NB,
-                W, P, score_scale, guess, guess_req, BLOCKS: tl.constexpr,
-                INT_DOTS: tl.constexpr, PTX: tl.constexpr):
+                W, P, score_scale, BLOCKS: tl.constexpr, INT_DOTS: tl.constexpr,
+                PTX: tl.constexpr):
     """Score blocks ``first_block ..`` (``BLOCKS`` of them) for a tile whose only dot row is
-    row 0 (``q_row`` as :func:`_row_block_max` takes it), and store them; the first block's
-    page id from ``guess`` where the row is in request ``guess_req`` (:func:`_guessed_page`).
+    row 0 (``q_row`` as :func:`_row_block_max` takes it), and store them.
     Software-pipelined: block ``j + 1``'s code words are in flight while block ``j`` is
     computed, its scale bytes are loaded after that (their layout change waits for them, so
     they are not loaded ahead of arithmetic)."""
     m = tl.arange(0, req.shape[0])
-    # The padding rows' -1 as min(guess, -1): no value changes (a request id below -1 is not
-    # live either way), but the reduction now reads the guess, so ptxas issues its load with
-    # the metadata's instead of after this reduction (a load goes out near its first use).
-    req0 = tl.max(tl.where(m == 0, req, tl.minimum(guess, -1)), axis=0)
+    req0 = tl.max(tl.where(m == 0, req, -1), axis=0)
     pos0 = tl.max(tl.where((m == 0) & live, pos, -1), axis=0)
-    page_ptr, ok = _first_block_page(pool_ptr, table_ptr, req0, pos0, first_block, NB, W, P,
-                                     guess, guess_req)
+    page_ptr, ok = _block_page(pool_ptr, table_ptr, req0, pos0, first_block, NB, W, P)
     words = mxfp4.row_words(page_ptr, ok)
     scales = mxfp4.row_scales(page_ptr, ok)
     for jj in tl.static_range(BLOCKS):
@@ -397,9 +363,6 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     (``mxfp4.folded_page_logits``), else four group dots (``mxfp4.page_logits``)."""
     tl.static_assert(ROUND_Q or Q_IS_FP8 or not INT_DOTS)  # integer dots need e4m3 values
     first_row = tl.program_id(0) * ROWS
-    first_block = tl.program_id(1) * BLOCKS
-    if ONE_ROW:  # in flight with the row's metadata
-        guess = _guessed_page(table_ptr, first_row, first_block, B, NB, W)
     row, head, row_ok, pos, req, live = tile_rows(tl.arange(0, M), first_row, pos_ptr,
                                                   req_ptr, T, B, H, ROWS)
     if FOLD:
@@ -417,13 +380,13 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     req_lo = tl.min(tl.where(live, req, B), axis=0)
     req_hi = tl.max(tl.where(live, req, -1), axis=0)
     out_base = out_ptr + head.to(tl.int64) * T * NB + row.to(tl.int64) * NB
+    first_block = tl.program_id(1) * BLOCKS
     if ONE_ROW:
         q_row = _query_row(q_ptr, first_row, first_row < T, ROUND_Q, PTX)
         if INT_DOTS:  # its integer slices and NaN flag
             q_row = row_dot.query_slices(q_row, PTX)
         _row_blocks(q_row, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
-                    first_block, NB, W, P, score_scale, guess, first_row, BLOCKS, INT_DOTS,
-                    PTX)
+                    first_block, NB, W, P, score_scale, BLOCKS, INT_DOTS, PTX)
     elif FOLD and (req_lo == req_hi):
         _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_lo, pos,
                             live, row_ok, first_block, NB, W, P, reach, score_scale, BLOCKS,
