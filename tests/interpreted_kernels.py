@@ -13,6 +13,7 @@ interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -116,16 +117,21 @@ def check_scale_pow2(rng) -> None:
 
 def check_one_row_index_scores(rng) -> None:
     """Exact data (e4m3 queries, one scale byte per token): bit-equal to the oracle, at 1, 2
-    and 4 blocks per program. Within ``oracle.index_score_tolerance`` (scales 110..140): bf16
-    queries kept as bf16 (q_round="none", the fp32 dots) and e4m3 queries over e4m3's whole
-    range (the integer dots, ``row_dot``)."""
+    and 4 blocks per program, with the rows in request order and shuffled. Within
+    ``oracle.index_score_tolerance`` (scales 110..140): bf16 queries kept as bf16
+    (q_round="none", the fp32 dots) and e4m3 queries over e4m3's whole range (the integer
+    dots, ``row_dot``)."""
     kw = dict(num_heads=1, num_blocks=6, table_width=8, num_pages=40)
     exact = decode_index_case(rng, [700, 40, 129, 1, 0], 1, q_dtype="e4m3", per_token=True,
                               scale_lo=124, scale_hi=130, **kw)
-    want = oracle.index_scores(*exact.args(), num_blocks=exact.num_blocks, sm_scale=SM_SCALE)
-    for blocks in (None, 2, 4):  # 4: the second program's last two blocks lie past NB
-        got = one_row_scores(exact, "e4m3", blocks)
-        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    order = np.array([3, 0, 4, 2, 1])
+    shuffled = dataclasses.replace(exact, q=exact.q[order], positions=exact.positions[order],
+                                   requests=exact.requests[order])
+    for case in (exact, shuffled):
+        want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE)
+        for blocks in (None, 2, 4):  # 4: the second program's last two blocks lie past NB
+            got = one_row_scores(case, "e4m3", blocks)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     case = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, scale_lo=110, scale_hi=140,
                              **kw)
     wide = decode_index_case(rng, [600, 33, 128, 257, 0, 1], 1, q_dtype="e4m3", scale_lo=110,

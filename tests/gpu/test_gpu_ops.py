@@ -254,7 +254,8 @@ def _index_kernel(case, kernels: str, q_round: str = "e4m3"):
         return np.asarray(jax.jit(fn)(*case.args())), names
 
 
-@pytest.mark.parametrize("shape", ["random", "wide", "deep", "e4m3", "long", "nan"])
+@pytest.mark.parametrize("shape", ["random", "wide", "deep", "e4m3", "long", "nan",
+                                   "shuffled"])
 def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
     """``index_row_gluon`` (the opt-in one-row tile, ``cuda_kernels="gluon"``: exact integer
     group dots on the int8 tensor cores) gives the default Triton one-row kernel's bits (the
@@ -262,7 +263,8 @@ def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
     pools with garbage tails (scale bytes 0 and 255) and an invalid page id in reach (random),
     queries over e4m3's whole range (wide), deep and all-zero scale groups (deep), an e4m3
     query (e4m3), 8 rows over 601 blocks, the last program's blocks partly past the end
-    (long), and NaN, zero and negative-zero query rows (nan)."""
+    (long), NaN, zero and negative-zero query rows (nan), and rows not in request order
+    (shuffled)."""
     kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, scale_lo=110,
               scale_hi=140)
     seq = [600, 33, 128, 257, 0, 1, 640, 500]
@@ -280,6 +282,11 @@ def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
     if shape == "random":
         case.block_table[0, 1] = -1  # in reach: the block scores -inf
         case.block_table[6, 2] = len(case.pool) + 3
+    if shape == "shuffled":
+        order = rng.permutation(len(case.positions))
+        case.q, case.positions = case.q[order], case.positions[order]
+        case.requests = case.requests[order]
+        assert (case.requests != np.arange(len(order))).any()
     if shape == "nan":
         q = np.asarray(case.q, np.float32).copy()
         q[0, 0, 77] = np.nan
