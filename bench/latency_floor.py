@@ -11,9 +11,19 @@ timed as the bench times a cell (CUPTI device time per call, ``bench_gpu._timing
 
 The split-K attention at R rows is at least ``chain+merge R``; a target below it is out of
 reach of a two-launch plan, and one below ``chain R`` of any plan that loads a page after its
-page id. Run on the device (``bench/gpu_session.sh floor``)::
+page id.
 
-    python bench/latency_floor.py [--rows 1,8,32]
+The one-row index scorer's grid (``--index B,NB``: B rows of one request each, NB blocks, one
+warp a block, as ``index_scores.plan`` lays out a small decode grid) gets three more:
+
+* ``index chain``: each program loads its row's position and request, then its block's page
+  id, then the page (8704 B), folded into one stored word: the scorer's loads and launch;
+* ``index pages``: the same pages by their ids alone (no metadata, no table);
+* ``index pages x4``: the same pages, four warps a program, a page a warp.
+
+Run on the device (``bench/gpu_session.sh floor``)::
+
+    python bench/latency_floor.py [--rows 1,8,32] [--index 32,64]
 """
 
 from __future__ import annotations
@@ -68,6 +78,43 @@ def _xor(a, b):
     return a ^ b
 
 
+@triton.jit
+def _folded_page(pool_ptr, page, ok):
+    """One page's words (codes, then scales; none where not ``ok``) folded by xor."""
+    base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * WORDS
+    codes = tl.load(base + tl.arange(0, CODE_WORDS), mask=ok, other=0)
+    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS), mask=ok, other=0)
+    return tl.reduce(codes, 0, _xor) ^ tl.reduce(scales, 0, _xor)
+
+
+@triton.jit
+def index_chain_kernel(pos_ptr, req_ptr, table_ptr, pool_ptr, out_ptr, W, NB):
+    """Program ``(r, j)``: row ``r``'s position and request (in flight together), then block
+    ``j``'s page id in the request's table row, then the page (masked past the position), as
+    the one-row index scorer loads them; the page folded into one stored word."""
+    r = tl.program_id(0)
+    j = tl.program_id(1)
+    pos = tl.load(pos_ptr + r)
+    req = tl.load(req_ptr + r)
+    ok = j * 128 <= pos
+    page = tl.load(table_ptr + req.to(tl.int64) * W + j, mask=ok, other=0)
+    tl.store(out_ptr + r * NB + j, _folded_page(pool_ptr, page, ok).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def index_pages_kernel(pool_ptr, out_ptr, NB, PAGES_PER_PROGRAM: tl.constexpr):
+    """Program ``(r, b)``: pages ``r * NB + b * PAGES_PER_PROGRAM ..`` (one per warp) by id
+    alone, each folded into one stored word."""
+    first = tl.program_id(0) * NB + tl.program_id(1) * PAGES_PER_PROGRAM
+    page = first + tl.arange(0, PAGES_PER_PROGRAM)[:, None]
+    base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * WORDS
+    codes = tl.load(base + tl.arange(0, CODE_WORDS)[None, :])
+    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS)[None, :])
+    folded = tl.reduce(codes, 1, _xor) ^ tl.reduce(scales, 1, _xor)
+    tl.store(out_ptr + first + tl.arange(0, PAGES_PER_PROGRAM),
+             folded.to(tl.int32, bitcast=True))
+
+
 def target(units: int = 132):
     from jax_mxfp4.targets import CUDA, Target
 
@@ -101,6 +148,37 @@ def launches(rows: int, num_pages: int, tgt=None) -> dict:
                                scalars={}, constants={"NPAGES": PAGES})
     return {"empty": [(empty, (one,))], "chain": [(chain, (words,))],
             "chain+merge": [(chain, (words,)), (merge, (merged,))]}
+
+
+def index_launches(rows: int, blocks: int, tgt=None) -> dict:
+    """The one-row index probes' launches (one each) for ``rows`` rows of one request each
+    over ``blocks`` blocks, on a pool of ``rows * blocks`` pages: ``{"index chain": ...,
+    "index pages": ..., "index pages x4": ...}`` as :func:`launches` gives them. The chain
+    takes (positions, requests, table, pool), the others the pool."""
+    import jax.numpy as jnp
+    from jax.core import ShapedArray
+
+    from jax_mxfp4.gpu import triton_call
+
+    tgt = tgt or target()
+    i32 = jnp.int32
+    rows_aval, table = ShapedArray((rows,), i32), ShapedArray((rows, blocks), i32)
+    pool = ShapedArray((rows * blocks, formats.PAGE_BYTES), jnp.uint8)
+    out = ShapedArray((rows * blocks,), i32)
+    chain = triton_call.launch(
+        index_chain_kernel, tgt, grid=(rows, blocks, 1),
+        buffers=("pos_ptr", "req_ptr", "table_ptr", "pool_ptr", "out_ptr"),
+        avals=(rows_aval, rows_aval, table, pool, out),
+        scalars={"W": np.int32(blocks), "NB": np.int32(blocks)}, constants={}, num_warps=1)
+    probes = {"index chain": [(chain, (out,))]}
+    for name, per_program in (("index pages", 1), ("index pages x4", 4)):
+        pages = triton_call.launch(
+            index_pages_kernel, tgt, grid=(rows, blocks // per_program, 1),
+            buffers=("pool_ptr", "out_ptr"), avals=(pool, out),
+            scalars={"NB": np.int32(blocks)}, constants={"PAGES_PER_PROGRAM": per_program},
+            num_warps=per_program)
+        probes[name] = [(pages, (out,))]
+    return probes
 
 
 def run_steps(steps, inputs) -> list:
@@ -142,13 +220,54 @@ def measure(rows_list=(1, 8, 32), calls: int = 10) -> list[tuple[str, float]]:
     return out
 
 
+def measure_index(rows: int, blocks: int, calls: int = 10) -> list[tuple[str, float]]:
+    """(probe, device us per call) for the one-row index probes (:func:`index_launches`), and
+    the one-row scorer itself on the same grid and pool (the bench's decode cell: row ``t`` in
+    request ``t`` at the context's last position, a bf16 query), timed alike."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_mxfp4 as jm
+    from jax_mxfp4 import bench_gpu
+
+    rng = np.random.default_rng(0)
+    pool = jnp.asarray(rng.integers(0, 256, (rows * blocks, formats.PAGE_BYTES)), jnp.uint8)
+    table = jnp.asarray(rng.permutation(rows * blocks).reshape(rows, blocks), jnp.int32)
+    positions = jnp.full((rows,), blocks * 128 - 1, jnp.int32)
+    requests = jnp.arange(rows, dtype=jnp.int32)
+    out = []
+    for name, steps in index_launches(rows, blocks).items():
+        args = (positions, requests, table, pool) if name == "index chain" else (pool,)
+
+        def many(*args, steps=steps):
+            return [run_steps(steps, args) for _ in range(calls)]
+
+        timing = bench_gpu._timing(jax.jit(many), args, repeats=10, calls=calls)
+        out.append((f"{name} {rows}x{blocks}", timing.device * 1e6))
+    queries = [jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
+               for _ in range(calls)]
+
+    def scores(pool, table, positions, requests, *queries):
+        return [jm.index_scores(q, pool, table, positions, requests, num_blocks=blocks,
+                                sm_scale=128**-0.5) for q in queries]
+
+    timing = bench_gpu._timing(jax.jit(scores), (pool, table, positions, requests, *queries),
+                               repeats=10, calls=calls)
+    out.append((f"index_scores {rows}x{blocks}", timing.device * 1e6))
+    return out
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--index", default="", help="B,NB: the one-row index probes")
     args = parser.parse_args(argv)
-    rows = tuple(int(r) for r in args.rows.split(","))
+    rows = tuple(int(r) for r in args.rows.split(",")) if args.rows else ()
     print("probe | device us per call (CUPTI)")
-    for label, us in measure(rows):
+    results = measure(rows) if rows else []
+    if args.index:
+        results += measure_index(*(int(n) for n in args.index.split(",")))
+    for label, us in results:
         print(f"{label} | {us:.2f}")
     return 0
 
