@@ -82,7 +82,7 @@ elif [ "$MODE" = ab ]; then
   echo "ab rc=$?"; cat "$OUT/ab.txt"; tail -5 "$OUT/ab_err.txt"
 elif [ "$MODE" = floor ]; then
   # The shortest a 1-32 row attention call could be: its dependent loads and launches alone.
-  timeout 200 $PY bench/latency_floor.py --rows ${ROWS-1,8,32} --index "${INDEX:-}" \
+  timeout 200 $PY bench/latency_floor.py --rows "${ROWS-1,8,32}" --index "${INDEX:-}" \
     > "$OUT/floor.txt" 2>&1
   echo "floor rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$OUT/floor.txt" | tail -12
 elif [ "$MODE" = step ]; then

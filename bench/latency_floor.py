@@ -102,14 +102,17 @@ def index_chain_kernel(pos_ptr, req_ptr, table_ptr, pool_ptr, out_ptr, W, NB):
 
 
 @triton.jit
-def index_pages_kernel(pool_ptr, out_ptr, NB, PAGES_PER_PROGRAM: tl.constexpr):
+def index_pages_kernel(pos_ptr, pool_ptr, out_ptr, NB, PAGES_PER_PROGRAM: tl.constexpr):
     """Program ``(r, b)``: pages ``r * NB + b * PAGES_PER_PROGRAM ..`` (one per warp) by id
-    alone, each folded into one stored word."""
+    alone, each folded into one stored word. The row's position is loaded beside them and
+    masks them (every test position reaches every block): a probe's calls then differ in an
+    input, so XLA does not merge them into one."""
     first = tl.program_id(0) * NB + tl.program_id(1) * PAGES_PER_PROGRAM
+    ok = tl.load(pos_ptr + tl.program_id(0)) >= 0
     page = first + tl.arange(0, PAGES_PER_PROGRAM)[:, None]
     base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * WORDS
-    codes = tl.load(base + tl.arange(0, CODE_WORDS)[None, :])
-    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS)[None, :])
+    codes = tl.load(base + tl.arange(0, CODE_WORDS)[None, :], mask=ok, other=0)
+    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS)[None, :], mask=ok, other=0)
     folded = tl.reduce(codes, 1, _xor) ^ tl.reduce(scales, 1, _xor)
     tl.store(out_ptr + first + tl.arange(0, PAGES_PER_PROGRAM),
              folded.to(tl.int32, bitcast=True))
@@ -154,7 +157,7 @@ def index_launches(rows: int, blocks: int, tgt=None) -> dict:
     """The one-row index probes' launches (one each) for ``rows`` rows of one request each
     over ``blocks`` blocks, on a pool of ``rows * blocks`` pages: ``{"index chain": ...,
     "index pages": ..., "index pages x4": ...}`` as :func:`launches` gives them. The chain
-    takes (positions, requests, table, pool), the others the pool."""
+    takes (positions, requests, table, pool), the others (positions, pool)."""
     import jax.numpy as jnp
     from jax.core import ShapedArray
 
@@ -174,7 +177,7 @@ def index_launches(rows: int, blocks: int, tgt=None) -> dict:
     for name, per_program in (("index pages", 1), ("index pages x4", 4)):
         pages = triton_call.launch(
             index_pages_kernel, tgt, grid=(rows, blocks // per_program, 1),
-            buffers=("pool_ptr", "out_ptr"), avals=(pool, out),
+            buffers=("pos_ptr", "pool_ptr", "out_ptr"), avals=(rows_aval, pool, out),
             scalars={"NB": np.int32(blocks)}, constants={"PAGES_PER_PROGRAM": per_program},
             num_warps=per_program)
         probes[name] = [(pages, (out,))]
@@ -205,18 +208,22 @@ def measure(rows_list=(1, 8, 32), calls: int = 10) -> list[tuple[str, float]]:
         num_pages = max(rows * PAGES, 1024)
         pool = jnp.asarray(rng.integers(0, 256, (num_pages, formats.PAGE_BYTES)), jnp.uint8)
         table = jnp.asarray(rng.integers(0, num_pages, rows * PAGES), jnp.int32)
-        ctx = jnp.full((rows,), PAGES * 128, jnp.int32)
+        # one context array per call: XLA merges launches on the same inputs into one
+        per_call = [jnp.full((rows,), PAGES * 128, jnp.int32) for _ in range(calls)]
         for name, steps in launches(rows, num_pages).items():
-            if name == "empty" and rows != rows_list[0]:
+            if name == "empty":  # no inputs to tell its calls apart: one launch a call
+                if rows == rows_list[0]:
+                    timing = bench_gpu._timing(jax.jit(lambda s=steps: run_steps(s, ())), (),
+                                               repeats=10, calls=1)
+                    out.append((name, timing.device * 1e6))
                 continue
 
-            def many(*args, steps=steps):
-                return [run_steps(steps, args) for _ in range(calls)]
+            def many(table, pool, *per_call, steps=steps):
+                return [run_steps(steps, (ctx, table, pool)) for ctx in per_call]
 
-            args = () if name == "empty" else (ctx, table, pool)
-            timing = bench_gpu._timing(jax.jit(many), args, repeats=10, calls=calls)
-            label = name if name == "empty" else f"{name} {rows}"
-            out.append((label, timing.device * 1e6))
+            timing = bench_gpu._timing(jax.jit(many), (table, pool, *per_call), repeats=10,
+                                       calls=calls)
+            out.append((f"{name} {rows}", timing.device * 1e6))
     return out
 
 
@@ -235,14 +242,17 @@ def measure_index(rows: int, blocks: int, calls: int = 10) -> list[tuple[str, fl
     table = jnp.asarray(rng.permutation(rows * blocks).reshape(rows, blocks), jnp.int32)
     positions = jnp.full((rows,), blocks * 128 - 1, jnp.int32)
     requests = jnp.arange(rows, dtype=jnp.int32)
+    # one positions array per call: calls on the same inputs would be merged by XLA
+    per_call = [jnp.array(positions) for _ in range(calls)]
     out = []
     for name, steps in index_launches(rows, blocks).items():
-        args = (positions, requests, table, pool) if name == "index chain" else (pool,)
 
-        def many(*args, steps=steps):
-            return [run_steps(steps, args) for _ in range(calls)]
+        def many(requests, table, pool, *per_call, steps=steps, chain=name == "index chain"):
+            return [run_steps(steps, (pos, requests, table, pool) if chain else (pos, pool))
+                    for pos in per_call]
 
-        timing = bench_gpu._timing(jax.jit(many), args, repeats=10, calls=calls)
+        timing = bench_gpu._timing(jax.jit(many), (requests, table, pool, *per_call),
+                                   repeats=10, calls=calls)
         out.append((f"{name} {rows}x{blocks}", timing.device * 1e6))
     queries = [jnp.asarray(rng.standard_normal((rows, 1, 128)), jnp.bfloat16)
                for _ in range(calls)]
