@@ -177,7 +177,7 @@ def _index_launch(plan, inputs: dict):
     rounded to e4m3, fp16 dots)."""
     import triton.language as tl
 
-    from jax_mxfp4.gpu.kernels import index_scores as kernels
+    from jax_mxfp4.gpu.kernels import index_scores_triton as kernels
 
     a = inputs
     return functools.partial(

@@ -27,7 +27,13 @@ import triton.language as tl
 from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case, widen_index_q
 from host_array import HostArray
 
-from jax_mxfp4.gpu.kernels import index_scores, mxfp4, select_blocks, sparse_attention
+from jax_mxfp4.gpu.kernels import (
+    index_scores,
+    index_scores_triton,
+    mxfp4,
+    select_blocks,
+    sparse_attention,
+)
 from jax_mxfp4.scaling import folded_score_scale
 
 
@@ -70,7 +76,7 @@ def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
         plan = plan.with_blocks(blocks, case.num_blocks)
     out = HostArray(np.full((1, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
-    index_scores.index_scores_kernel[plan.grid](
+    index_scores_triton.index_scores_kernel[plan.grid](
         *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
@@ -242,7 +248,7 @@ def interpreted_scores(case, q_round: str, num_heads: int,
         plan = plan.with_blocks(blocks, case.num_blocks)
     out = HostArray(np.full((num_heads, rows, case.num_blocks), 7.0, np.float32))
     q_fp8 = str(q.dtype) == "float8_e4m3fn"
-    index_scores.index_scores_kernel[plan.grid](
+    index_scores_triton.index_scores_kernel[plan.grid](
         *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=num_heads, ROWS=plan.rows, M=plan.m,

@@ -26,7 +26,8 @@ def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
     (folder,) = ab_trees.prepare(["HEAD"], out=tmp_path)
     assert "jax_mxfp4.gpu.kernels" not in (folder / "index_scores.py").read_text()
     modules = ab_trees.tree_modules("HEAD", trees=tmp_path)
-    assert modules["index_scores"].mxfp4.__name__ == "ab_HEAD.mxfp4"
+    kernel = modules["index_scores"].index_scores_kernel  # the lowering's Triton kernel
+    assert kernel.fn.__module__ == "ab_HEAD.index_scores_triton"
 
     compiled_from = []
     compile_kernel = compiler.compile_kernel
@@ -40,6 +41,7 @@ def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
     with ab_trees.lowering_from(modules):  # a new function each time: jit caches a lowering
         sass_stats.kernels_of(lambda *a: fn(*a), args)
     sass_stats.kernels_of(lambda *a: fn(*a), args)
-    assert compiled_from == ["ab_HEAD.index_scores", "jax_mxfp4.gpu.kernels.index_scores"]
+    assert compiled_from == ["ab_HEAD.index_scores_triton",
+                             "jax_mxfp4.gpu.kernels.index_scores_triton"]
     assert importlib.import_module("jax_mxfp4.gpu.kernels.index_scores").__name__ == \
         "jax_mxfp4.gpu.kernels.index_scores"

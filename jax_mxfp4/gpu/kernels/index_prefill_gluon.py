@@ -13,12 +13,12 @@ that bounds this tile (its ALU pipe is the busiest), costs half as much a row as
 warpgroup of 64 rows (RESULTS, thirteenth session).
 
 Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §5, §15.3,
-§15.18; ``index_scores.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's reference
-byte is the largest scale byte of the tokens any row reaches (NaN-key tokens set none); each
-group ``depth`` binades below it enters the dot as ``e2m1 * 2**(9 - depth)`` in fp16 (exact
-for depths 0..31), deeper groups in further bands of 32 binades, deepest first, the running
-dots scaled by ``2**-32`` between them; a row's maximum is taken on the relative logits and
-scaled once; NaN for a row that reaches a NaN-key token, sees a NaN dot, or whose largest
+§15.18; ``index_scores_triton.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's
+reference byte is the largest scale byte of the tokens any row reaches (NaN-key tokens set
+none); each group ``depth`` binades below it enters the dot as ``e2m1 * 2**(9 - depth)`` in
+fp16 (exact for depths 0..31), deeper groups in further bands of 32 binades, deepest first, the
+running dots scaled by ``2**-32`` between them; a row's maximum is taken on the relative logits
+and scaled once; NaN for a row that reaches a NaN-key token, sees a NaN dot, or whose largest
 ``|logit|`` overflows. fp16 dots only (a bf16 or e4m3 query rounded or stored as e4m3); the
 bf16 dots of ``q_round="none"`` keep the Triton tile.
 """
@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from jax_mxfp4.gpu.kernels import mxfp4
 from jax_mxfp4.gpu.kernels.index_rows_gluon import word_bytes
-from jax_mxfp4.gpu.kernels.index_scores import (
+from jax_mxfp4.gpu.kernels.index_scores_triton import (
     _block_page,
     _row_span,
     folded_row_maxima,
@@ -174,7 +174,7 @@ def _page_dots(q_smem, keys_smem, codes, group_bytes, ref, bands):
 @gluon.jit
 def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
     """Max logit of each dot row ``sel`` selects over block ``j``'s tokens from its loaded
-    page (``index_scores.folded_row_maxima``): f32 [128], -inf for the other rows."""
+    page (``index_scores_triton.folded_row_maxima``): f32 [128], -inf for the other rows."""
     codes, scale_words, group_bytes = page
     ref, deepest, first_nan = _page_span(scale_words, reach, j)
     expo = ref - 127 + 6 - mxfp4.FOLD_SHIFT

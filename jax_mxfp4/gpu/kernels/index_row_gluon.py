@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4, row_dot
 from jax_mxfp4.gpu.kernels.index_rows_gluon import word_bytes
-from jax_mxfp4.gpu.kernels.index_scores import _block_page, _max_nan, _poison_infinite
+from jax_mxfp4.gpu.kernels.index_scores_triton import _block_page, _max_nan, _poison_infinite
 
 WARPS = 2
 """Warps per program: warp ``w`` holds tokens ``16w + 32i .. + 15`` (``i`` = 0..3) of a page,
@@ -190,7 +190,7 @@ def _query(q_ptr, row, ROUND_Q: gl.constexpr):
 
 @gluon.jit
 def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
-    """Issue block ``j``'s page loads (``index_scores._block_page``'s rule): its code words
+    """Issue block ``j``'s page loads (``index_scores_triton._block_page``'s rule): its code words
     (:data:`WORDS`), its scale bytes ``[128, 4]`` (:data:`TOKENS`), whether it is scored."""
     page_ptr, ok = _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P)
     tok = gl.arange(0, 128, layout=gl.SliceLayout(1, WORDS))
@@ -207,7 +207,7 @@ def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
 @gluon.jit
 def _block_max(words, scales, ok, query, j, pos0):
     """The row's max logit over block ``j`` from its loaded page (-inf where not ``ok``):
-    ``row_dot.row_logits`` and ``index_scores._row_block_max`` on the MMA's group dots."""
+    ``row_dot.row_logits`` and ``index_scores_triton._row_block_max`` on the MMA's group dots."""
     operand, start, nan, positive, negative = query
     raw = gl.convert_layout(word_bytes(words), CODES)
     lo, hi = gl.inline_asm_elementwise(_OFFSET_KEYS, "=r,=r,r,r,r", [raw, positive, negative],

@@ -35,7 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.index_scores import (
+from jax_mxfp4.gpu.kernels.index_scores_triton import (
     _block_page,
     _max_nan,
     _poison_infinite,
@@ -161,7 +161,7 @@ def _group_words(page_ptr, ok, g: gl.constexpr):
 def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     """Issue block ``j``'s page loads for request ``req`` (whose rows reach position
     ``reach``): the four groups' code words, the scale words, and whether the page is scored
-    (``index_scores._block_page``'s rule)."""
+    (``index_scores_triton._block_page``'s rule)."""
     page_ptr, ok = _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P)
     tok = gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
     scale_words = page_ptr.to(gl.pointer_type(gl.uint32)) + mxfp4.SCALE_OFFSET // 4

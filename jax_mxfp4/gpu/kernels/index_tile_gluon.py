@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4
-from jax_mxfp4.gpu.kernels.index_scores import _max_nan, _poison_infinite, tile_rows
+from jax_mxfp4.gpu.kernels.index_scores_triton import _max_nan, _poison_infinite, tile_rows
 
 WARPS = 4
 """Warps per program: each takes 32 of a page's 128 tokens (the tile's N)."""
