@@ -57,10 +57,7 @@ def chain_kernel(ctx_ptr, table_ptr, pool_ptr, out_ptr, NPAGES):
     ctx = tl.load(ctx_ptr + r)
     page = tl.load(table_ptr + r * NPAGES + p)
     ok = p * 128 < ctx
-    base = pool_ptr.to(tl.pointer_type(tl.uint32)) + page.to(tl.int64) * WORDS
-    codes = tl.load(base + tl.arange(0, CODE_WORDS), mask=ok, other=0)
-    scales = tl.load(base + CODE_WORDS + tl.arange(0, SCALE_WORDS), mask=ok, other=0)
-    folded = tl.reduce(codes, 0, _xor) ^ tl.reduce(scales, 0, _xor)
+    folded = _folded_page(pool_ptr, page, ok)
     tl.store(out_ptr + r * NPAGES + p, folded.to(tl.int32, bitcast=True))
 
 

@@ -42,13 +42,12 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from jax_mxfp4.gpu.kernels import mxfp4, row_dot
 from jax_mxfp4.gpu.kernels.index_rows_gluon import word_bytes
-from jax_mxfp4.gpu.kernels.index_scores_triton import _block_page, _max_nan, _poison_infinite
+from jax_mxfp4.gpu.kernels.index_scores_triton import _block_page, row_live, row_logit_max
 
 WARPS = 2
 """Warps per program: warp ``w`` holds tokens ``16w + 32i .. + 15`` (``i`` = 0..3) of a page,
 the A fragment's rows (two warps keep a thread's accumulator at 32 registers)."""
 
-TILE_WARPS = gl.constexpr(WARPS)
 COLUMNS = gl.constexpr(16)
 """The MMA's N: four groups times the query's four operand columns (two byte slices less 128,
 the signed high byte, ones)."""
@@ -83,15 +82,11 @@ STAGE = gl.constexpr(gl.BlockedLayout(size_per_thread=[4, 1], threads_per_warp=[
 """``[128 k, 16 columns]`` of the query operand while it is built: every thread a share (four
 consecutive ``k`` of a column, one register once packed) before it moves to :data:`QUERY`."""
 
-# A code word's ($2) eight nibbles as the bytes 12 + 2 * e2m1 (row_dot's tables, their first
-# words $3 and $4 in registers: _TABLE_WORDS): $0 elements 0-3 (the word's low half as the
-# permutes' selectors), $1 elements 4-7 (the high half).
+# A code word's ($2) eight nibbles as the bytes 12 + 2 * e2m1 (row_dot's decode, the tables'
+# first words $3 and $4 in registers: _TABLE_WORDS): $0 elements 0-3, $1 elements 4-7.
 _OFFSET_KEYS = tl.constexpr(
-    "{ .reg .b32 x, wh, xh, p, n, t1, t3;\n"
-    "mov.b32 t1, 0x18141210; mov.b32 t3, 0x00040608;\n"
-    "xor.b32 x, $2, 0x88888888; shr.b32 wh, $2, 16; shr.b32 xh, x, 16;\n"
-    "prmt.b32 p, $3, t1, $2; prmt.b32 n, $4, t3, x; or.b32 $0, p, n;\n"
-    "prmt.b32 p, $3, t1, wh; prmt.b32 n, $4, t3, xh; or.b32 $1, p, n; }")
+    "{ .reg .b32 x, wh, xh, p, n, t0, t1, t2, t3;\n" + row_dot.tables_ptx("$3", "$4")
+    + row_dot.key_bytes_ptx("$2", "$0", "$1") + "}")
 
 
 @gluon.jit
@@ -207,7 +202,7 @@ def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
 @gluon.jit
 def _block_max(words, scales, ok, query, j, pos0):
     """The row's max logit over block ``j`` from its loaded page (-inf where not ``ok``):
-    ``row_dot.row_logits`` and ``index_scores_triton._row_block_max`` on the MMA's group dots."""
+    ``row_dot.row_logits`` and ``index_scores_triton.row_logit_max`` on the MMA's group dots."""
     operand, start, nan, positive, negative = query
     raw = gl.convert_layout(word_bytes(words), CODES)
     lo, hi = gl.inline_asm_elementwise(_OFFSET_KEYS, "=r,=r,r,r,r", [raw, positive, negative],
@@ -217,11 +212,8 @@ def _block_max(words, scales, ok, query, j, pos0):
     dots = gl.convert_layout(group_dots(acc), TOKENS) + start[None, :]
     per_group = dots.to(gl.float32) * row_dot.DOT_TO_ROW_UNITS
     row, smax = mxfp4.row_group_sum(per_group, scales.to(gl.int32))
-    row += nan
     tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, TOKENS))
-    logits = _poison_infinite(mxfp4.mul_scale_pow2(row, smax, mxfp4.ROW_OFFSET))
-    best = gl.reduce(gl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
-    return gl.where(ok, best, float("-inf"))
+    return row_logit_max(row + nan, smax, tok, pos0, ok)
 
 
 @gluon.jit
@@ -234,8 +226,7 @@ def index_row_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B
     row = gl.program_id(0)
     pos = gl.load(pos_ptr + row)
     req = gl.load(req_ptr + row)
-    live = (pos >= 0) & (req >= 0) & (req < B)
-    pos0 = gl.where(live, pos, -1)
+    pos0 = gl.where(row_live(pos, req, B), pos, -1)
     operand, start, nan = _query(q_ptr, row, ROUND_Q)
     positive, negative = _table_words()
     query = (operand, start, nan, positive, negative)

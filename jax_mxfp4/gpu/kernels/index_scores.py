@@ -158,7 +158,7 @@ def kernel_name(call) -> str:
     dot, num_blocks = _dot(call), call.params["num_blocks"]
     layout = plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0], num_blocks,
                   call.target.units, foldable=dot != "fp8")
-    if _row_tile(call, layout):
+    if _row_tile(call, layout, dot):
         return "index_row_kernel[int8 dots]"
     if _gluon_tile(call, layout, dot, num_blocks):
         return f"index_tile_kernel[{dot} dots]"
@@ -177,16 +177,13 @@ def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
             and not layout.one_row and not layout.fold and num_blocks <= 65535)
 
 
-def _row_tile(call, layout: Plan) -> bool:
+def _row_tile(call, layout: Plan, dot: str) -> bool:
     """Whether the call takes ``index_row_gluon.index_row_kernel`` (a one-row tile's exact
     integer group dots on the int8 tensor cores, the page's tokens as the MMA's M; the same
     bits as the Triton one-row kernel's integer dots): asked for (``cuda_kernels="gluon"``),
     one-row tiles of an e4m3-exact query on CUDA sm_80+. Not the default: 0.98-1.12x the
     Triton one-row kernel's time on the H200 (bench/RESULTS.md, twenty-second session)."""
-    q_fp8 = jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn
-    exact = q_fp8 or call.params["q_round"] == "e4m3"
-    return (triton_call.gluon_requested(call) and layout.one_row and exact
-            and not call.config.fp8_dots)
+    return triton_call.gluon_requested(call) and layout.one_row and dot == "fp16"
 
 
 def _rows_tile(call, layout: Plan, dot: str) -> bool:
@@ -381,7 +378,7 @@ def lower(ctx, call, q, pool, table, positions, requests):
                  "ONE_ROW": layout.one_row, "FOLD": layout.fold}
     constants["INT_DOTS"] = int_dots(call.target, layout, constants)
     empty = not (rows and num_blocks and num_requests)
-    if _row_tile(call, layout) and not empty:
+    if _row_tile(call, layout, dot) and not empty:
         launch = _row_tile_launch(call, num_blocks, scalars, constants)
     elif _gluon_tile(call, layout, dot, num_blocks):
         grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)

@@ -104,6 +104,13 @@ def tile_row_ids(m, first_row, T, H: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
+def row_live(pos, req, B):
+    """Whether a row with position ``pos`` and request ``req`` is live: a position >= 0 and a
+    request in ``[0, B)`` (SPEC §15.3)."""
+    return (pos >= 0) & (req >= 0) & (req < B)
+
+
+@triton.jit
 def tile_rows(m, first_row, pos_ptr, req_ptr, T, B, H: tl.constexpr, ROWS: tl.constexpr):
     """The dot rows ``m`` (int32, any layout: the Gluon tiles call it too) of the tile whose
     first query row is ``first_row``: each one's query row and head, whether it exists, its
@@ -112,7 +119,7 @@ def tile_rows(m, first_row, pos_ptr, req_ptr, T, B, H: tl.constexpr, ROWS: tl.co
     row, head, row_ok = tile_row_ids(m, first_row, T, H, ROWS)
     pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
     req = tl.load(req_ptr + row, mask=row_ok, other=-1)
-    live = row_ok & (pos >= 0) & (req >= 0) & (req < B)
+    live = row_ok & row_live(pos, req, B)
     return row, head, row_ok, pos, req, live
 
 
@@ -137,7 +144,15 @@ def _row_block_max(q_row, words, scales, ok, pos0, j, INT_DOTS: tl.constexpr,
         dots += q_row[1]  # NaN where the query has a NaN
     else:
         dots, smax = mxfp4.row_logits(q_row, words, scales, PTX)
-    tok = j * 128 + tl.arange(0, 128)
+    return row_logit_max(dots, smax, j * 128 + tl.arange(0, 128), pos0, ok)
+
+
+@triton.jit
+def row_logit_max(dots, smax, tok, pos0, ok):
+    """One row's max logit over a block (-inf where the page is not ``ok``) from its tokens'
+    relative dots and largest scale bytes (``mxfp4.row_logits``' units; ``tok``: the tokens'
+    positions, any layout): the tokens at or before ``pos0``, an infinite logit made NaN and
+    NaN kept. The one-row epilogue every one-row tile takes."""
     logits = _poison_infinite(mxfp4.mul_scale_pow2(dots, smax, mxfp4.ROW_OFFSET))
     row_max = tl.reduce(tl.where(tok <= pos0, logits, float("-inf")), 0, _max_nan)
     return tl.where(ok, row_max, float("-inf"))

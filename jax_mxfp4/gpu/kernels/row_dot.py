@@ -46,7 +46,22 @@ of ``mxfp4.row_logits``' fp32 dots (``e2m1 * 2**-14`` times ``q``)."""
 # Byte-permute tables of the key bytes 12 + m (positive nibbles) and 12 - m (negative ones)
 # for the magnitudes m = 2 * e2m1 of codes 0..7: 0, 1, 2, 3, 4, 6, 8, 12 (bytes 0-3 in the
 # first word, 4-7 in the second).
-_TABLES = "mov.b32 t0, $36; mov.b32 t1, 0x18141210; mov.b32 t2, $40; mov.b32 t3, 0x00040608;\n"
+def tables_ptx(positive: str, negative: str) -> str:
+    """PTX setting the permute tables ``t0, t1`` (keys ``12 + m``) and ``t2, t3`` (``12 - m``)
+    for :func:`key_bytes_ptx`, their first words from the registers ``positive`` and
+    ``negative`` (:data:`_TABLE_WORDS`)."""
+    return (f"mov.b32 t0, {positive}; mov.b32 t1, 0x18141210; mov.b32 t2, {negative};"
+            " mov.b32 t3, 0x00040608;\n")
+
+
+def key_bytes_ptx(word: str, low: str, high: str) -> str:
+    """PTX decoding one code word ``word`` (a register) into the key bytes ``12 + 2 * e2m1``
+    of its elements 0-3 (``low``) and 4-7 (``high``): the word's halves as the permutes'
+    selectors, over the nibbles as they are and with their sign bits flipped, then an OR. Needs
+    the registers ``x, wh, xh, p, n`` and the tables of :func:`tables_ptx`."""
+    return (f"xor.b32 x, {word}, 0x88888888; shr.b32 wh, {word}, 16; shr.b32 xh, x, 16;\n"
+            f"prmt.b32 p, t0, t1, {word}; prmt.b32 n, t2, t3, x; or.b32 {low}, p, n;\n"
+            f"prmt.b32 p, t0, t1, wh; prmt.b32 n, t2, t3, xh; or.b32 {high}, p, n;\n")
 # The first words of both tables as values, not immediates: ptxas copied an immediate from a
 # uniform register into a register before every permute that used it. Selector 0x4444 takes
 # byte 4 (of the zero operand) four times: 0 in every lane, which ptxas does not fold (it
@@ -59,10 +74,8 @@ def _word_terms(word: str, lo0: str, lo1: str, mid0: str, mid1: str, hi0: str,
                 hi1: str) -> str:
     """PTX adding one code word's 8 terms ``(12 + 2 * e2m1) * x`` to the accumulators ``lo``,
     ``mid``, ``hi`` (byte products of the low, middle and signed high query slices)."""
-    return (f"xor.b32 x, {word}, 0x88888888; shr.b32 wh, {word}, 16; shr.b32 xh, x, 16;\n"
-            f"prmt.b32 p, t0, t1, {word}; prmt.b32 n, t2, t3, x; or.b32 k0, p, n;\n"
-            "prmt.b32 p, t0, t1, wh; prmt.b32 n, t2, t3, xh; or.b32 k1, p, n;\n"
-            f"dp4a.u32.u32 lo, k0, {lo0}, lo; dp4a.u32.u32 lo, k1, {lo1}, lo;\n"
+    return (key_bytes_ptx(word, "k0", "k1")
+            + f"dp4a.u32.u32 lo, k0, {lo0}, lo; dp4a.u32.u32 lo, k1, {lo1}, lo;\n"
             f"dp4a.u32.u32 mid, k0, {mid0}, mid; dp4a.u32.u32 mid, k1, {mid1}, mid;\n"
             f"dp4a.u32.s32 hi, k0, {hi0}, hi; dp4a.u32.s32 hi, k1, {hi1}, hi;\n")
 
@@ -75,7 +88,8 @@ def _group_dot_ptx() -> str:
     x)`` (mod 2**32; the value fits in int32), ``$1..$3`` = 0."""
     body = "".join(_word_terms(f"${4 + w}", *(f"${8 + 4 * s + w}" for s in range(6)))
                    for w in range(4))
-    return ("{ .reg .b32 x, wh, xh, p, n, k0, k1, lo, mid, hi, t0, t1, t2, t3;\n" + _TABLES
+    return ("{ .reg .b32 x, wh, xh, p, n, k0, k1, lo, mid, hi, t0, t1, t2, t3;\n"
+            + tables_ptx("$36", "$40")
             + "mov.b32 lo, $32; mov.b32 mid, 0; mov.b32 hi, 0;\n" + body
             + "mad.lo.u32 lo, mid, 256, lo; mad.lo.u32 $0, hi, 65536, lo;\n"
             + "mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }")
