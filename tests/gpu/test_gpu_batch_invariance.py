@@ -27,18 +27,24 @@ def test_index_and_selection_rows_do_not_depend_on_the_batch(rng, shape, q_round
     check.index_scores(rng, shape, q_round)
 
 
+@pytest.mark.parametrize("end", ["low", "high"])
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
-def test_one_row_index_rows_do_not_depend_on_the_batch(rng, q_round):
+def test_one_row_index_rows_do_not_depend_on_the_batch(rng, q_round, end):
     """Single-row requests (the CUDA-core one-row tiles) over enough blocks that the whole
-    batch, and the shuffled one, reach ``ONE_ROW_PAIRS_FROM`` blocks per SM (two blocks on
-    ``ONE_ROW_WARPS`` warps per program) and the first 1, 8 and 32 requests do not (one
-    block on one warp): the two plans must give the same bits. (Mutation, run by hand on the
-    H200: one-block programs' maxima scaled by ``1 + 2**-23`` fail both cases.)"""
+    batch of 48, and the shuffled one, lie on the other side of an end of
+    ``ONE_ROW_PAIRS`` (two blocks per program inside the range, one outside) than the first
+    32 requests: ``low``, the batch inside and 32 requests below; ``high``, the batch above
+    and 32 (and 8) requests inside. The plans must give the same bits. (Mutation, run by hand
+    on the H200: one-block programs' maxima scaled by ``1 + 2**-23`` fail every case.)"""
     from jax_mxfp4.gpu.kernels import index_scores
 
-    threshold = index_scores.ONE_ROW_PAIRS_FROM * gpu_env.units()
-    width = -(-threshold // 40)  # 48 requests reach it, 32 do not
-    assert 32 * width < threshold <= 48 * width
+    units = gpu_env.units()
+    low, high = (n * units for n in index_scores.ONE_ROW_PAIRS)
+    edge = low if end == "low" else high
+    width = -(-edge // 40)  # 48 requests reach the edge, 32 do not
+    assert 32 * width < edge <= 48 * width
+    blocks = [index_scores.one_row_blocks(n, width, units) for n in (1, 8, 32, 48)]
+    assert blocks == ([1, 1, 1, 2] if end == "low" else [1, 2, 2, 1]), blocks
     check.index_scores(rng, "decode1", q_round, one_row_blocks=width)
 
 

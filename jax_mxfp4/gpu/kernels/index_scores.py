@@ -55,20 +55,23 @@ session: 65.5 against 68.8 us at b8 S4 128K, 65.8 against 69.3 at b32 S8 32K; a 
 (six programs, 48 bytes spilled) gained less."""
 
 
-ONE_ROW_PAIRS_FROM = 64
+ONE_ROW_PAIRS = (12, 70)
 """One-row tiles take two blocks per program (the second block's words loaded while the
-first is scored) from this many blocks per SM on; below it the grid would leave SMs idle in its
-last wave (RESULTS: 2 blocks 129 vs 139 us at b32 ctx 128K, 27.5 vs 24.9 us at ctx 8K)."""
+first is scored) where the grid has from ``ONE_ROW_PAIRS[0]`` up to (not including)
+``ONE_ROW_PAIRS[1]`` blocks per SM, one block elsewhere; every one-row program is one warp.
+Measured on the H200 over 8K-512K contexts and 1-128 requests (bench/RESULTS.md,
+twenty-third session): one-block programs lose a step of time with every few hundred more
+programs until the grid is large enough for its waves to overlap; below the range a
+program's second block is serial time; two warps a program were slower everywhere. A row's
+scores do not depend on the choice: each thread holds the same four words of a token's scale
+group and the same four groups of a token whatever the blocks per program, so every sum runs
+in the same order (``tests/gpu``'s batch invariance checks it across both ends)."""
 
-ONE_ROW_WARPS = 2
-"""Warps of a one-row program walking two blocks (:data:`ONE_ROW_PAIRS_FROM`); one below
-it, where a program scores one block. Fewer warps per page mean fewer barriers and fewer
-cross-warp maxima per block, and more programs resident to hide the page loads (RESULTS,
-tenth session: 2 warps and 2 blocks 96.0 us against 100.1 at 4 and 4, 110.9 at 4 and 2,
-b32 ctx 128K; 1 warp 7.2 us against 8.7 at 2 and 9.1 at 4, b32 ctx 8K). A row's scores do
-not depend on it: each thread holds the same four words of a token's scale group and the
-same four groups of a token in any of these layouts, so every sum runs in the same order
-(``tests/gpu``'s batch invariance checks it across the threshold)."""
+
+def one_row_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
+    """Blocks per one-row program (:data:`ONE_ROW_PAIRS`)."""
+    low, high = ONE_ROW_PAIRS
+    return 2 if low * num_sms <= row_tiles * num_blocks < high * num_sms else 1
 
 
 TILE_BLOCKS_MAX = 8
@@ -98,8 +101,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
     take one block per program (tens of thousands of small programs, none waiting on a page
     for another block) and four group dots, which measured faster than folded keys there;
-    one-row tiles two blocks on two warps where the grid is large (:data:`ONE_ROW_PAIRS_FROM`),
-    else one block on one warp (:data:`ONE_ROW_WARPS`).
+    one-row tiles one or two blocks on one warp (:func:`one_row_blocks`).
     Prefill-shaped tiles (64 dot rows and more, warpgroup dots) take folded keys, one
     accumulator, which lets a tile hold 128 rows (four rescaled group dots spilled there), and
     up to :data:`TILE_BLOCKS_MAX` blocks per program, reusing the loaded query tile and
@@ -120,8 +122,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     one_row = rows * num_heads == 1
     warps = 8 if m >= 64 else 4
     if one_row:
-        pairs = row_tiles * num_blocks >= ONE_ROW_PAIRS_FROM * num_sms
-        blocks, warps = (2, ONE_ROW_WARPS) if pairs else (1, 1)
+        blocks, warps = one_row_blocks(row_tiles, num_blocks, num_sms), 1
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
     fold = foldable and m >= 64
