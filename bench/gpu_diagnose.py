@@ -15,7 +15,9 @@ per split too); ``--index-variants`` the index scorer's decode tilings;
 and merge, CUPTI device time by kernel) at one and at two pages per split and at 4, 2 and 1
 MXFP8 blocks per merge program, interleaved; ``--gluon-partials`` the same cells and the
 index S = 4-8 cells with the Gluon kernels and with the Triton ones; ``--fp8-dots`` the
-index prefill and decode cells with fp16 and with the opt-in e4m3 dots (``fp8_dots``).
+index prefill and decode cells with fp16 and with the opt-in e4m3 dots (``fp8_dots``);
+``--row-plans`` the S = 1 index cells at one and at two blocks per one-row program and as
+the plan picks (``index_scores.ONE_ROW_PAIRS``), interleaved.
 """
 
 from __future__ import annotations
@@ -368,6 +370,35 @@ def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
         plans.TRITON_PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS = saved
 
 
+ROW_PLAN_CELLS = ((8, 8192), (16, 8192), (24, 8192), (28, 8192), (32, 8192), (32, 16384),
+                  (32, 32768), (32, 40960), (32, 65536), (1, 131072), (32, 131072), (4, 524288),
+                  (32, 524288))
+"""(requests, context) of the S = 1 index cells ``row_plans`` times: 4 to 993 blocks per
+SM on the H200, both ends of ``index_scores.ONE_ROW_PAIRS`` among them."""
+
+
+def row_plans(rounds: int = 2) -> None:
+    """The S = 1 index cells of :data:`ROW_PLAN_CELLS` with one block per one-row program
+    everywhere, two everywhere, and as the plan picks (``index_scores.ONE_ROW_PAIRS``, read
+    when a call is lowered), ``rounds`` times interleaved, CUPTI device time per call. The
+    constant is restored afterwards."""
+    from jax_mxfp4.gpu.kernels import index_scores
+
+    never, always = (1 << 30, 1 << 30), (0, 1 << 30)
+    cells = [bench_gpu.index_cell(f"b{b} S1 H1 ctx {c // 1024}K", b, 1, c)
+             for b, c in ROW_PLAN_CELLS]
+    saved = index_scores.ONE_ROW_PAIRS
+    try:
+        for r in range(rounds):
+            for name, pairs in (("one block", never), ("two blocks", always), ("plan", saved)):
+                index_scores.ONE_ROW_PAIRS = pairs
+                for cell in cells:
+                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
+                    print(f"round {r} {name} {cell.label}: {t.device * 1e6:.2f} us", flush=True)
+    finally:
+        index_scores.ONE_ROW_PAIRS = saved
+
+
 PLAIN = "--plain" in sys.argv
 
 
@@ -378,7 +409,7 @@ def main() -> int:
         return 0
     variants = {"--attention-variants": attention_warps, "--index-variants": index_variants,
                 "--fold-variants": index_fold_variants, "--gluon-partials": gluon_partials,
-                "--split-plans": split_plans, "--fp8-dots": fp8_dots}
+                "--split-plans": split_plans, "--fp8-dots": fp8_dots, "--row-plans": row_plans}
     for flag, run in variants.items():
         if flag in sys.argv:
             run()
