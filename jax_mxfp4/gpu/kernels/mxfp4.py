@@ -18,9 +18,10 @@ nothing overflows), and the token's own power of two
 scales into 16-bit keys instead (:func:`folded_page_logits`): one ``K = 128`` dot per page and
 one exponent for the page, applied to each row's maximum.
 
-A page's loads are issued together before any is used (:func:`load_keys`,
-:func:`page_bytes`: one load of all code bytes, one 32-bit word of scale bytes per token),
-because Triton changes each loaded tensor's layout right after its load, which waits for it.
+A page's loads are issued together before any is used (:func:`page_bytes`: one load of all
+code bytes, one 32-bit word of scale bytes per token, for the keys and then the values, and
+only then the keys' :func:`split_groups`), because Triton changes each loaded tensor's layout
+right after its load, which waits for it, and ptxas issues no later load ahead of it.
 One-row index scoring on the CUDA cores of a bf16 query kept as bf16 decodes 32-bit code
 words four elements at a time into fp16 halves widened to fp32 (:func:`word_values`); an
 e4m3-exact query takes exact integer byte dots instead (``row_dot``).
@@ -335,17 +336,6 @@ def split_groups(codes):
     return b0, b1, b2, b3
 
 
-@triton.jit
-def load_keys(page_ptr, ok):
-    """A key page's raw bytes in two loads issued together (a load per group would wait for
-    each group's layout change before the next group's load): the four groups' code bytes
-    ``uint8 [128, 16]`` and the scale words (:func:`scale_words`). Zeros where ``ok`` (a
-    scalar) is false."""
-    codes, scales = page_bytes(page_ptr, ok)
-    b0, b1, b2, b3 = split_groups(codes)
-    return b0, b1, b2, b3, scales
-
-
 @constexpr_function
 def fp16_keys(q_dtype, use_fp8, ptx) -> bool:
     """Whether :func:`group_dot` takes the keys as fp16 ``e2m1 * 2**-14`` straight from the
@@ -410,7 +400,7 @@ def scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
 @triton.jit
 def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8: tl.constexpr,
                PTX: tl.constexpr):
-    """:func:`page_logits` of a page loaded by :func:`load_keys`."""
+    """:func:`page_logits` of a page's keys already split into groups (:func:`split_groups`)."""
     s0, s1, s2, s3, smax = token_scales(scales)
     dots = scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, smax,
                        smax == NAN_BYTE, USE_FP8, PTX)

@@ -145,8 +145,12 @@ def _page_bytes(k_ptr, v_ptr, ok, base):
     """Issue every load of the page at byte offset ``base`` that :func:`page_offset` gave
     (K codes and scales, V codes and scales) and return the raw bytes with whether the page
     holds live tokens: a page that is not loads nothing and is skipped."""
-    k0, k1, k2, k3, k_scales = mxfp4.load_keys(k_ptr + base, ok)
+    # Every load first, then the keys' layout change: ptxas issues no load after a shared
+    # store of loaded data, so with the keys split first the values' loads waited for the
+    # keys' bytes to arrive (one more round trip on a short call's path).
+    k_codes, k_scales = mxfp4.page_bytes(k_ptr + base, ok)
     v_words, v_scales = mxfp4.page_bytes(v_ptr + base, ok)
+    k0, k1, k2, k3 = mxfp4.split_groups(k_codes)
     return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
 
 
