@@ -11,6 +11,7 @@ what to time on the device, not instead of timing.
     python bench/sass_stats.py [CASE ...]      # default: every case
     python bench/sass_stats.py --tree REV [CASE ...]   # a prepared tree's kernels instead
                                                        # (bench/ab_trees.py prepare REV)
+    python bench/sass_stats.py [--tree REV] --loads [CASE ...]  # each global load's place
 """
 
 from __future__ import annotations
@@ -106,6 +107,56 @@ def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Coun
     return resources, ops
 
 
+def sass(kernel: compiler.Compiled) -> list[str]:
+    """The instructions of one cubin (nvdisasm), one string each, in program order."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.code)
+        f.flush()
+        text = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    return [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", text,
+                                                     re.M)]
+
+
+_REG = re.compile(r"\bR(\d+)\b")
+_WIDTH = {"64": 2, "128": 4}
+
+
+def _written(instruction: str) -> set[int]:
+    """Registers a load writes: its first operand and, for a 64- or 128-bit load, the ones
+    after it."""
+    op, _, operands = instruction.partition(" ")
+    first = _REG.search(operands)
+    if first is None:
+        return set()
+    size = next((n for bits, n in _WIDTH.items() if op.endswith("." + bits)), 1)
+    return set(range(int(first.group(1)), int(first.group(1)) + size))
+
+
+def load_schedule(instructions: list[str]) -> list[dict]:
+    """Each global load (``LDG``) of a kernel: its index in the program, its text, and whether
+    a shared-memory store of data an earlier global load brought (``STS``/``STSM`` of one of
+    its registers, not overwritten since) comes before it. ptxas issues no load past such a
+    store (its data must have arrived first), so a load flagged here waits one round trip
+    for another load (docs/notes.md, twenty-fourth session). Static and approximate: a
+    register is taken as loaded data from its load to its next write."""
+    loaded: set[int] = set()
+    stored_loaded = False
+    out = []
+    for i, instruction in enumerate(instructions):
+        body = re.sub(r"^@!?U?P\w+\s+", "", instruction)
+        op = body.split(" ", 1)[0]
+        if op.startswith("LDG"):
+            out.append({"index": i, "text": body, "after_shared_store": stored_loaded})
+            loaded |= _written(body)
+        elif op.startswith(("STS", "STSM")):
+            data = {int(r) for r in _REG.findall(body.split("]", 1)[-1])}
+            stored_loaded = stored_loaded or bool(data & loaded)
+        elif op not in ("BAR", "NOP") and (first := _REG.search(body.partition(" ")[2])):
+            loaded.discard(int(first.group(1)))  # the register is written with other data
+    return out
+
+
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ab_trees
@@ -113,6 +164,9 @@ def main(argv: list[str]) -> int:
     modules = None  # ab_trees.lowering_from(None) leaves this tree's kernels in place
     if argv[:1] == ["--tree"]:
         modules, argv = ab_trees.tree_modules(argv[1]), argv[2:]
+    loads = argv[:1] == ["--loads"]
+    if loads:
+        argv = argv[1:]
     names = argv or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -120,13 +174,21 @@ def main(argv: list[str]) -> int:
         return 2
     header = f"{'case':32} {'kernel':22} {'warps':>5} {'regs':>4} {'stack':>5} {'smem':>6} " \
              f"{'instrs':>6}  top opcodes"
-    print(header)
-    print("-" * len(header))
+    if not loads:
+        print(header)
+        print("-" * len(header))
     for name in names:
         print(f"sass_stats: compiling {name}", file=sys.stderr)
         with ab_trees.lowering_from(modules):
             kernels = kernels_of(*CASES[name])
         for kernel in kernels:
+            if loads:
+                for load in load_schedule(sass(kernel)):
+                    late = "  after a shared store of loaded data" \
+                        if load["after_shared_store"] else ""
+                    print(f"{name:32} {kernel.symbol[:22]:22} {load['index']:>6}  "
+                          f"{load['text']}{late}")
+                continue
             res, ops = profile(kernel)
             top = ", ".join(f"{op} {n}" for op, n in ops.most_common(6))
             print(f"{name:32} {kernel.symbol[:22]:22} {kernel.num_warps:>5} "

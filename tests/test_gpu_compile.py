@@ -173,6 +173,35 @@ def test_one_row_index_tiles_take_integer_dots():
     assert registers <= index_scores.DECODE_TILE_REGISTERS
 
 
+def test_load_schedule_flags_a_load_behind_a_shared_store_of_loaded_data():
+    """bench/sass_stats.py's ``load_schedule`` on hand-written SASS: a load after a shared
+    store of an earlier load's registers is flagged; one after a store of a register written
+    since with other data is not."""
+    schedule = _sass_stats().load_schedule
+    late = schedule(["@P3 LDG.E.128 R16, desc[UR6][R20.64]", "STS.128 [R37+UR4], R16",
+                     "@P3 LDG.E.128 R28, desc[UR6][R4.64]"])
+    assert [load["after_shared_store"] for load in late] == [False, True]
+    assert late[1]["index"] == 2 and late[1]["text"].startswith("LDG.E.128 R28")
+    fine = schedule(["LDG.E.64 R2, desc[UR8][R6.64]", "IMAD.MOV.U32 R3, RZ, RZ, R5",
+                     "STS [R13], R3", "LDG.E R9, desc[UR8][R20.64]"])
+    assert [load["after_shared_store"] for load in fine] == [False, False]
+
+
+def test_attention_page_loads_go_out_before_the_keys_layout_change():
+    """The sparse-attention split kernel issues every load of its page (the keys' and the
+    values' codes and scales) before any shared-memory store of loaded data: ptxas issues no
+    load past such a store, so a value load behind the keys' layout change would wait a round
+    trip for the keys' bytes (bench/RESULTS.md, twenty-fourth session: 0.2 us of a 1-row
+    call). Mutation: the keys split into groups before the values' loads (the order before
+    ``2fc4e1e``) flags the five value loads here."""
+    sass_stats = _sass_stats()
+    kernels = sass_stats.kernels_of(*sass_stats.CASES["attention 1 row"])
+    (split,) = [kernel for kernel in kernels if kernel.symbol == "attention_kernel"]
+    loads = sass_stats.load_schedule(sass_stats.sass(split))
+    assert sum("LDG.E.128" in load["text"] for load in loads) == 8  # the page's code bytes
+    assert not [load["text"] for load in loads if load["after_shared_store"]]
+
+
 def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     """Prefill tiles (64 and 128 dot rows) take folded keys, one K = 128 dot per block: the
     sm_90 code has warpgroup MMAs (four rescaled group dots spilled at 128 rows in the Triton
