@@ -91,31 +91,33 @@ def kernels_of(fn, args) -> list[compiler.Compiled]:
     return seen
 
 
-def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Counter]:
-    """Resource usage (REG, STACK, SHARED, ...) and opcode counts of one cubin."""
+def _on_cubin(kernel: compiler.Compiled, tool: str, *args: str) -> str:
+    """The output of one of Triton's CUDA tools (``nvdisasm``, ``cuobjdump``) on a cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.code)
         f.flush()
-        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
-    resources = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
-    ops = collections.Counter(
-        m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)",
-                                        sass, re.M))
-    return resources, ops
+        return subprocess.run([_tool(tool), *args, f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 
 
 def sass(kernel: compiler.Compiled) -> list[str]:
-    """The instructions of one cubin (nvdisasm), one string each, in program order."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.code)
-        f.flush()
-        text = subprocess.run([_tool("nvdisasm"), "-c", f.name], capture_output=True,
-                              text=True, check=True).stdout
-    return [m.group(1).strip() for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", text,
-                                                     re.M)]
+    """The instructions of one cubin (nvdisasm), one string each, in program order, without
+    their predicates (``@P0``, ``@!UP1``)."""
+    text = _on_cubin(kernel, "nvdisasm", "-c")
+    return [_PREDICATE.sub("", m.group(1).strip())
+            for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", text, re.M)]
+
+
+def profile(kernel: compiler.Compiled) -> tuple[dict[str, str], collections.Counter]:
+    """Resource usage (REG, STACK, SHARED, ...) and opcode counts (the opcode without its
+    ``.`` modifiers) of one cubin."""
+    usage = _on_cubin(kernel, "cuobjdump", "--dump-resource-usage")
+    resources = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ops = collections.Counter(re.match(r"[A-Z0-9_]*", i).group(0) for i in sass(kernel))
+    return resources, ops
 
 
 _REG = re.compile(r"\bR(\d+)\b")
@@ -144,7 +146,7 @@ def load_schedule(instructions: list[str]) -> list[dict]:
     stored_loaded = False
     out = []
     for i, instruction in enumerate(instructions):
-        body = re.sub(r"^@!?U?P\w+\s+", "", instruction)
+        body = _PREDICATE.sub("", instruction)
         op = body.split(" ", 1)[0]
         if op.startswith("LDG"):
             out.append({"index": i, "text": body, "after_shared_store": stored_loaded})
