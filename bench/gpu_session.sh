@@ -19,8 +19,7 @@ PY=python3
   nvidia-smi -L; $PY -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())"
 } > "$OUT/env.txt" 2>&1
 # The device machine has no network: the build takes its tools from the image, and the
-# package's dependencies (jax, numpy, ml_dtypes) are there already. hip_kernels/ becomes
-# jax_mxfp4.hip_kernels through the install, as in CI.
+# package's dependencies (jax, numpy, ml_dtypes) are there already.
 if ! $PY -c "import jax_mxfp4._ffi_gpu, jax_mxfp4.hip_kernels" 2>/dev/null; then
   $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.txt" 2>&1 \
     || { echo "BUILD FAILED"; tail -30 "$OUT/build.txt"; exit 1; }

@@ -64,7 +64,7 @@ def _emulate(subparsers) -> None:
         "grid. Prints per launch the waves, the instructions per wave by class, the global "
         "and LDS bytes and an estimated MI355X time from a simple roofline model (an "
         "estimate, not a measurement; the model and what it leaves out: "
-        "hip_kernels/emulator/README.md), beside the seed's measured MI355X times for the "
+        "cdna_emulator/README.md), beside the seed's measured MI355X times for the "
         "prefill scorer cells.",
     )
     emulate_profile.add_arguments(parser)
@@ -90,8 +90,8 @@ def _build(subparsers) -> None:
 
 def _run_build(args) -> int:
     """``build``, with one-line errors and an honest summary without FlyDSL."""
-    from hip_kernels import build, flydsl_process, toolchain
-    from hip_kernels.compiler import KernelBuildError
+    from jax_mxfp4.hip_kernels import build, flydsl_process, toolchain
+    from jax_mxfp4.hip_kernels.compiler import KernelBuildError
 
     if not sys.stderr.isatty():
         args.no_progress = True  # the progress bar redraws with carriage returns

@@ -8,7 +8,7 @@ kernel arguments. Each launch executes ``--workgroups`` workgroups spread over i
 the emulator scales counts and bytes to the whole grid (the outputs are incomplete: this is a
 profile, not a computation). The table gives, per launch, the waves, the instructions per wave
 by class (VALU, SALU, MFMA, LDS, global loads and stores, waits), global and LDS bytes, and
-the estimate of ``hip_kernels.emulator.profiling`` (a roofline with a latency floor at the
+the estimate of ``cdna_emulator.profiling`` (a roofline with a latency floor at the
 MI355X's peaks: 8 TB/s, the MFMA rates, 256 CUs at 2.4 GHz; what it leaves out is listed
 there). The seed's measured MI355X times of the prefill scorer cells stand beside it. It is
 an estimate, not a measurement.
@@ -79,7 +79,7 @@ def profile_cells(arch: str, patterns, workgroups: int, detail: bool) -> str:
         for launch in launches:
             rows.append(_row(cell, launch, seed, detail))
     head = (f"emulated {arch} launches ({workgroups} workgroups each, counts scaled to the "
-            f"grid); 'est. us' is the MI355X model of hip_kernels/emulator/profiling.py, an "
+            f"grid); 'est. us' is the MI355X model of cdna_emulator/profiling.py, an "
             f"estimate, not a measurement")
     header = list(rows[0])
     numeric = [i for i, name in enumerate(header) if name not in ("cell", "kernel", "bound")]

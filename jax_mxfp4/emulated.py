@@ -8,7 +8,7 @@ code objects). The custom call is the GPU launcher's, registered for the CPU in 
 (``ffi/gpu/emulated.h``): it decodes the same attributes and packs the parameters with the same
 code, then hands the launch to :func:`emulate`, which does what the HIP runtime would (placing
 each parameter in the kernarg segment at its offset from the code object's metadata, filling
-the hidden arguments) and runs the kernel's assembly in ``jax_mxfp4.hip_kernels.emulator`` over
+the hidden arguments) and runs the kernel's assembly in ``cdna_emulator`` over
 the host buffers XLA gave the call. An emulator fault (an access outside the buffers, a value
 used before its wait, an LDS race...) fails the call with the emulator's report.
 
@@ -96,7 +96,7 @@ def _host_view(address: int, size: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def _program(asm: str):
-    from jax_mxfp4.hip_kernels import emulator
+    import cdna_emulator as emulator
 
     return emulator.Program.from_asm(asm)
 
@@ -114,7 +114,7 @@ _PROFILING: list[_Profiling] = []  # the innermost profiled() block last (XLA ma
 @contextlib.contextmanager
 def profiled(workgroups: int | None = None):
     """Profile every emulated launch inside the block: yields a list that gets
-    one ``hip_kernels.emulator.Profile`` (instructions per wave by class, bytes, MI355X
+    one ``cdna_emulator.Profile`` (instructions per wave by class, bytes, MI355X
     estimate) per launch. ``workgroups``: run only that many workgroups spread over each grid
     (the emulator scales the totals to the grid); **the other workgroups' outputs are then
     never written**, so results computed inside are for profiling only. None runs them all."""
@@ -129,7 +129,7 @@ def profiled(workgroups: int | None = None):
 def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers) -> None:
     """Run one launch of the launcher's CPU form (see the module docstring); raises with the
     emulator's report on a fault."""
-    from jax_mxfp4.hip_kernels import emulator
+    import cdna_emulator as emulator
 
     asm = launch.assembly_of(image)
     if asm is None:

@@ -13,6 +13,7 @@ import json
 import re
 
 import pytest
+
 from jax_mxfp4.hip_kernels import abi, toolchain
 from jax_mxfp4.hip_kernels.code_object import LDS_LIMIT, code_object
 from jax_mxfp4.hip_kernels.metadata import kernel_info, waves_per_simd

@@ -5,7 +5,7 @@ Every case is lowered for ROCm (``lower(lowering_platforms=("rocm",))``) under
 build (``built``, shared with test_flydsl_build.py, used as ``JAX_MXFP4_KERNEL_DIR``): each
 launcher custom call
 must carry the FlyDSL code object (symbol, bytes, content hash), a block and grid from
-``hip_kernels.abi`` and parameters in the kernarg layout's order. With
+``jax_mxfp4.hip_kernels.abi`` and parameters in the kernarg layout's order. With
 ``gfx950_kernels="triton"``, on gfx942, and for calls no FlyDSL kernel covers, the Triton
 kernels are lowered instead, and ``jm.explain`` says so.
 """
@@ -25,10 +25,9 @@ from conftest import SM_SCALE
 
 pytest.importorskip("triton")
 
-from jax_mxfp4.hip_kernels import abi
-
 import jax_mxfp4 as jm
 from jax_mxfp4.gpu import launch
+from jax_mxfp4.hip_kernels import abi
 from jax_mxfp4.scaling import folded_score_scale
 
 KIND = {"pointer": (launch.BUFFER, launch.NULL), "i32": (launch.I32,), "f32": (launch.F32,),

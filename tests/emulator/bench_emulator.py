@@ -23,9 +23,10 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import conftest as C  # noqa: E402
 import harness  # noqa: E402
 import test_emulator_flydsl as F  # noqa: E402
+
+from cdna_emulator import ALL_CHECKS, format_profiles, profile  # noqa: E402
 from jax_mxfp4.hip_kernels import abi  # noqa: E402
 from jax_mxfp4.hip_kernels.code_object import code_object  # noqa: E402
-from jax_mxfp4.hip_kernels.emulator import ALL_CHECKS, format_profiles, profile  # noqa: E402
 
 
 def main() -> None:

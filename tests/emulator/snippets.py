@@ -13,7 +13,8 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from jax_mxfp4.hip_kernels.emulator import Memory, Program, run
+
+from cdna_emulator import Memory, Program, run
 
 IN_BASE, OUT_BASE = 0x10_0000_0000, 0x20_0000_0000
 FIRST_INPUT = 2

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_mxfp4.hip_kernels.emulator import EmulatorFault, Memory, Program, run
 from snippets import IN_BASE, kernel_text, run_snippet
+
+from cdna_emulator import EmulatorFault, Memory, Program, run
 
 LANES = np.arange(64, dtype=np.uint32)
 

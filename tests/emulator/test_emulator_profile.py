@@ -1,12 +1,13 @@
-"""The dynamic profile and the MI355X estimate of ``hip_kernels.emulator.profile``, on a
+"""The dynamic profile and the MI355X estimate of ``cdna_emulator.profile``, on a
 snippet whose instruction mix, bytes and FLOPs are known exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from jax_mxfp4.hip_kernels.emulator import format_profiles, profile, profiling
 from snippets import run_snippet
+
+from cdna_emulator import format_profiles, profile, profiling
 
 BODY = """
     v_add_u32_e32 v10, v2, v2
@@ -53,8 +54,9 @@ def test_counts_bytes_flops_and_estimate():
 
 def test_sampled_launch_scales_to_the_grid():
     """Running 2 of 8 workgroups gives the same per-wave counts and 4x the bytes."""
-    from jax_mxfp4.hip_kernels.emulator import Memory, Program, run
     from snippets import IN_BASE, OUT_BASE, kernel_text
+
+    from cdna_emulator import Memory, Program, run
 
     text = kernel_text(BODY, 1, ["v10"], arch="gfx950", vgprs=64)
     kernel = Program.from_asm(text).kernel("snippet")

@@ -18,7 +18,8 @@ import dataclasses
 import jax
 import numpy as np
 from harness import Launch, garbage_like
-from jax_mxfp4.hip_kernels.emulator import Program, run
+
+from cdna_emulator import Program, run
 
 
 @dataclasses.dataclass

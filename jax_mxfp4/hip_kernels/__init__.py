@@ -6,9 +6,9 @@ which runs in a process of its own with a stand-in for torch: see ``flydsl_proce
 * :func:`code_object` ``(op, *, arch="gfx950", **params) -> CodeObject`` — the HSACO bytes,
   symbol, block, LDS bytes, register counts and kernarg layout of one specialization,
   compiled with FlyDSL or taken from ``$JAX_MXFP4_KERNEL_DIR`` / the content-hash disk cache;
-* :mod:`hip_kernels.abi` — specializations, the exact kernarg layout of every kernel (what a
+* :mod:`.abi` — specializations, the exact kernarg layout of every kernel (what a
   launcher packs) and the grid formulas;
-* :func:`hip_kernels.build.build_all` — what ``python -m jax_mxfp4 build`` runs.
+* :func:`jax_mxfp4.hip_kernels.build.build_all` — what ``python -m jax_mxfp4 build`` runs.
 
 Kernels: ``write_cache`` (quantize into 8704-byte MXFP4 pages), ``index_scores`` (scaled MFMA
 fp4 K x e4m3 Q, prefill and decode tilings), ``sparse_attention`` (scaled-MFMA QK, bf16 PV,

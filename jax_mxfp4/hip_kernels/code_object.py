@@ -141,7 +141,7 @@ def code_object(op: str | abi.Specialization, *, arch: str = "gfx950", compile: 
         return _from_files(spec, arch, folder / f"{spec.symbol}.hsaco", digest)
     if not compile:
         raise FileNotFoundError(f"no prebuilt or cached code object for {spec.symbol}")
-    from hip_kernels.compiler import compile_spec
+    from jax_mxfp4.hip_kernels.compiler import compile_spec
 
     built = compile_spec(spec, arch, kernel_cache_dir())
     co = CodeObject(spec, arch, built.hsaco, built.isa, kernel_info(built.hsaco, spec.symbol),

@@ -77,8 +77,8 @@ def _binary_from_ir(ir_text: str) -> bytes:
 
 def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path) -> Compiled:
     """Compile ``spec`` for ``arch`` in a process of its own that has a stand-in for torch
-    (``hip_kernels/flydsl_process.py``); raise :class:`KernelBuildError` on any failure."""
-    from hip_kernels import flydsl_process
+    (``flydsl_process.py``); raise :class:`KernelBuildError` on any failure."""
+    from jax_mxfp4.hip_kernels import flydsl_process
 
     return flydsl_process.compile_spec(spec, arch, cache_dir)
 

@@ -6,7 +6,7 @@ faults (out-of-bounds global/LDS/scratch accesses, undefined values that reach a
 store, branch or EXEC, loads used before their ``s_waitcnt``, LDS races between waves,
 runaway kernels) with the instruction, wave, lane and address. See README.md.
 
-    from jax_mxfp4.hip_kernels.emulator import Program, Memory, run, EmulatorFault
+    from cdna_emulator import Program, Memory, run, EmulatorFault
     program = Program.from_asm(asm_text)          # parsed once per text (cached)
     kernel = program.kernel(symbol)               # descriptor + metadata
     memory = Memory()

@@ -10,7 +10,7 @@ Work split (4 waves of 64 lanes per workgroup):
 
 * a wave owns one column tile of 16 (row, head) columns (``16 / H`` rows times ``H`` heads)
   and 4 consecutive blocks; the workgroup covers ``rows x blocks`` =
-  :func:`hip_kernels.abi.index_scores_tile` — prefill tiling: 4 column tiles share each page
+  :func:`.abi.index_scores_tile` — prefill tiling: 4 column tiles share each page
   (64 rows at H = 1), decode tiling: one column tile, 4 waves on different blocks;
 * the workgroup walks the distinct requests ("segments") of its rows; for each, every page it
   needs is staged **still MXFP4** in LDS (8704 bytes per page, 16-byte cooperative copies)

@@ -1,14 +1,14 @@
 """Each FlyDSL compile runs in a Python process of its own, with torch replaced by a stand-in.
 
-FlyDSL imports torch (see :mod:`hip_kernels.torch_stand_in`); running it in a child process
+FlyDSL imports torch (see :mod:`.torch_stand_in`); running it in a child process
 that installs the stand-in first means a gfx950 build needs no torch on disk and never
 imports the user's torch, and the code objects do not depend on which torch (if any) is
 installed. The parent sends the specialization, the arch and the cache folder as JSON on
-stdin; the child compiles with :func:`hip_kernels.compiler.compile_spec_in_process` and
+stdin; the child compiles with :func:`jax_mxfp4.hip_kernels.compiler.compile_spec_in_process` and
 writes the code object, the ISA and the compiler log into a folder the parent reads back.
 A failure in the child comes back as the same exception type and message.
 
-Run as ``python -m hip_kernels.flydsl_process OUT_DIR`` (by :func:`compile_spec` only).
+Run as ``python -m jax_mxfp4.hip_kernels.flydsl_process OUT_DIR`` (by :func:`compile_spec` only).
 """
 
 from __future__ import annotations
@@ -22,35 +22,42 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hip_kernels import abi, toolchain
+from jax_mxfp4.hip_kernels import abi, toolchain
 
 INSTALL_HINT = "pip install 'jax_mxfp4[rocm]' (FlyDSL and an LLD >= 19; no torch needed)"
 ERROR_FILE = "error.json"
+CHILD_MODULE = "jax_mxfp4.hip_kernels.flydsl_process"
 
 
 def flydsl_installed() -> bool:
     return importlib.util.find_spec("flydsl") is not None
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder holding the ``jax_mxfp4`` package this process imported (site-packages for an
+installed wheel)."""
+
+
 def _child_env() -> dict[str, str]:
-    """The parent's environment, with this ``hip_kernels`` first on the path."""
-    root = str(Path(__file__).resolve().parents[1])
+    """The parent's environment with :data:`PACKAGE_ROOT` first on the path, so the child runs
+    the very package files the parent imported (the child also starts in a folder of its own,
+    so a source checkout in the caller's working directory cannot shadow the install)."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT) + (os.pathsep + path if path else "")}
 
 
 def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path):
     """Compile ``spec`` for ``arch`` in a child process; a ``compiler.Compiled``."""
-    from hip_kernels.compiler import Compiled, KernelBuildError
+    from jax_mxfp4.hip_kernels.compiler import Compiled, KernelBuildError
 
     if not flydsl_installed():
         raise toolchain.ToolchainError(f"FlyDSL is not installed: {INSTALL_HINT}")
     request = {"spec": dataclasses.asdict(spec), "arch": arch, "cache_dir": str(cache_dir)}
     with tempfile.TemporaryDirectory(prefix="jax_mxfp4_flydsl_") as folder:
         out = Path(folder)
-        done = subprocess.run([sys.executable, "-m", "hip_kernels.flydsl_process", str(out)],
+        done = subprocess.run([sys.executable, "-m", CHILD_MODULE, str(out)],
                               input=json.dumps(request), capture_output=True, text=True,
-                              env=_child_env(), check=False)
+                              env=_child_env(), cwd=out, check=False)
         if (out / ERROR_FILE).exists():
             error = json.loads((out / ERROR_FILE).read_text())
             kind = toolchain.ToolchainError if error["type"] == "ToolchainError" else \
@@ -66,10 +73,10 @@ def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path):
 def main(argv: list[str]) -> int:
     out = Path(argv[0])
     request = json.loads(sys.stdin.read())
-    from hip_kernels import torch_stand_in
+    from jax_mxfp4.hip_kernels import torch_stand_in
 
     torch_stand_in.install()
-    from hip_kernels.compiler import KernelBuildError, compile_spec_in_process
+    from jax_mxfp4.hip_kernels.compiler import KernelBuildError, compile_spec_in_process
 
     spec = abi.Specialization(**request["spec"])
     try:

@@ -10,7 +10,7 @@ quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16
 
 One wave per row; lane ``(c, b) = (lane // 4, lane % 4)`` owns q head ``c`` (< G), output
 elements ``32b .. 32b + 31`` (one MX block). Kernarg layout:
-:data:`ARGS` below. Grid: :func:`hip_kernels.abi.grid`.
+:data:`ARGS` below. Grid: :func:`jax_mxfp4.hip_kernels.abi.grid`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ Per half page (64 tokens) a wave runs:
 
 The 4 waves then merge ``(m, l, O)`` through LDS. ``direct`` kernels (one partition) write the
 final bf16 output or its MXFP8 quantization (SPEC §8, fused epilogue); ``split`` kernels write
-the partition's ``(m, l)`` and ``O/l`` (bf16) for :mod:`hip_kernels.attention_merge`.
+the partition's ``(m, l)`` and ``O/l`` (bf16) for :mod:`jax_mxfp4.hip_kernels.attention_merge`.
 
 Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid`.
 """

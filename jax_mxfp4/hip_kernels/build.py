@@ -1,7 +1,7 @@
 """Build every gfx950 kernel the API reaches for the MiniMax-M3.1 shapes, on any machine.
 
 ``python -m jax_mxfp4 build --arch gfx950 --out DIR`` compiles (or takes from the cache) each
-specialization of :func:`hip_kernels.abi.minimax_specializations`, writes per kernel
+specialization of :func:`jax_mxfp4.hip_kernels.abi.minimax_specializations`, writes per kernel
 ``<symbol>.hsaco``, ``<symbol>.s`` and ``<symbol>.json`` plus one ``manifest.json`` into DIR
 (usable as ``JAX_MXFP4_KERNEL_DIR``), and prints the manifest as a table.
 """

@@ -14,7 +14,7 @@ specialization compiled; the code objects, ISA and manifests built with this sta
 byte-identical to those built with torch 2.13.0+cpu.)
 
 :func:`install` puts the stand-in into ``sys.modules``. Only the process that runs a FlyDSL
-build does that (``hip_kernels.flydsl_process``, started for each compile); a user's process
+build does that (``.flydsl_process``, started for each compile); a user's process
 never sees it, whether or not it has a real torch.
 """
 
