@@ -6,7 +6,11 @@ whose :meth:`Lowering.covers` answers ``None`` for that :class:`Call` lowers it.
 :func:`jax_mxfp4.explain` ask the same question with the same call, so what they print is what
 runs. A lowering that does not cover a call says why (a reason string); when none covers it the
 call fails at lowering time with every reason and the fix: nothing falls back silently, and the
-reference lowering runs only under ``backend="reference"``.
+reference lowering runs only under ``backend="reference"``. A lowering that would serve the
+call but cannot load (its module fails to import, its code objects cannot be had) answers a
+:class:`LoadFailure`: the choice stops there and the call fails with that cause and its fix,
+instead of taking the next lowering (the user opts into another kernel set on purpose, e.g.
+``gfx950_kernels="triton"``).
 
 Lowerings live next to their kernels:
 
@@ -35,6 +39,12 @@ FLYDSL_REQUIREMENT = (
     "install the rocm extra (pip install 'jax_mxfp4[rocm]') or point JAX_MXFP4_KERNEL_DIR at "
     "prebuilt code objects (python -m jax_mxfp4 build)"
 )
+
+
+class LoadFailure(str):
+    """A reason (``covers``/``available`` answer) meaning "this lowering is meant for the call
+    but is broken here": not installed, not importable, no code object. :func:`choose` stops
+    at it; the call fails naming it, never quietly lowering to the next kernel set."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +140,7 @@ class KernelModule(Lowering):
         try:
             module = self._load()
         except ImportError as error:
-            return f"{self.family} is not importable ({error}); {self.requires}"
+            return LoadFailure(f"{self.module} does not import ({error}); {self.requires}")
         return module.available(target, config)
 
     def covers(self, call: Call) -> str | None:
@@ -164,6 +174,12 @@ class Choice:
     lowering: Lowering | None
     skipped: tuple[tuple[str, str], ...]  # (lowering name, reason)
 
+    @property
+    def failure(self) -> tuple[str, str] | None:
+        """``(lowering name, cause)`` when the choice stopped at a lowering that cannot load."""
+        last = self.skipped[-1] if self.skipped else None
+        return last if last and isinstance(last[1], LoadFailure) else None
+
     def describe(self, call: Call) -> str:
         if self.lowering is None:
             return "none"
@@ -173,7 +189,8 @@ class Choice:
 
 
 def choose(lowerings: Sequence[Lowering], call: Call) -> Choice:
-    """The first of ``lowerings`` serving the call's device that covers ``call``."""
+    """The first of ``lowerings`` serving the call's device that covers ``call``; none (with
+    the :class:`LoadFailure` last in ``skipped``) as soon as one that should cannot load."""
     skipped = []
     for lowering in lowerings:
         if call.target.device not in lowering.devices:
@@ -182,6 +199,8 @@ def choose(lowerings: Sequence[Lowering], call: Call) -> Choice:
         if reason is None:
             return Choice(lowering, tuple(skipped))
         skipped.append((lowering.name, reason))
+        if isinstance(reason, LoadFailure):
+            break
     return Choice(None, tuple(skipped))
 
 
@@ -190,6 +209,14 @@ class NoLoweringError(NotImplementedError):
 
 
 def no_lowering_message(call: Call, choice: Choice) -> str:
+    if choice.failure is not None:
+        name, cause = choice.failure
+        return (
+            f"{call.op}: {name} is the kernel for this call on {call.target.describe()} but "
+            f"cannot load: {cause}. Fix that, or choose other kernels on purpose (on gfx950: "
+            f"jax_mxfp4_gfx950_kernels='triton' / JAX_MXFP4_GFX950_KERNELS=triton); nothing "
+            f"falls back silently."
+        )
     reasons = "; ".join(f"{name}: {why}" for name, why in choice.skipped) or \
         "no kernel is registered for this device"
     return (
@@ -200,5 +227,5 @@ def no_lowering_message(call: Call, choice: Choice) -> str:
     )
 
 
-__all__ = ["Call", "Choice", "CpuHandler", "KernelModule", "Lowering", "NoLoweringError",
-           "choose", "flydsl", "no_lowering_message", "triton"]
+__all__ = ["Call", "Choice", "CpuHandler", "KernelModule", "LoadFailure", "Lowering",
+           "NoLoweringError", "choose", "flydsl", "no_lowering_message", "triton"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import re
 import struct
+import sys
 import zlib
 
 import jax
@@ -28,6 +29,7 @@ pytest.importorskip("triton")
 import jax_mxfp4 as jm
 from jax_mxfp4.gpu import launch
 from jax_mxfp4.hip_kernels import abi
+from jax_mxfp4.lowering import NoLoweringError
 from jax_mxfp4.scaling import folded_score_scale
 
 KIND = {"pointer": (launch.BUFFER, launch.NULL), "i32": (launch.I32,), "f32": (launch.F32,),
@@ -210,4 +212,36 @@ def test_flydsl_kernels_are_built_on_demand_without_torch(monkeypatch, tmp_path)
     fn, args, expected = _cases()["index_decode"]
     with jm.lowering_options(gpu_arch="gfx950", gpu_units=256):
         assert _symbols(lower_for_rocm(fn, args)) == [e[0] for e in expected]
-    assert list(tmp_path.glob(f"gfx950/{expected[0][0]}-*/{expected[0][0]}.hsaco"))
+    assert list(tmp_path.glob(f"gfx950/{expected[0][0]}-*/*/{expected[0][0]}.hsaco"))
+
+
+def test_gfx950_without_its_kernels_fails_loudly_instead_of_taking_triton(monkeypatch, tmp_path):
+    """No prebuilt code object, an empty cache and no FlyDSL: the FlyDSL kernel covers the
+    call but cannot be had, so lowering fails with that cause and both fixes (install the
+    rocm extra, or ask for Triton), and ``explain`` shows the same stop; Triton lowers only
+    when asked for. Mutation: ``choose`` going on past a ``LoadFailure`` lowers Triton here
+    and fails the first assertion."""
+    from jax_mxfp4.hip_kernels import _launch
+
+    monkeypatch.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
+    monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(_launch, "flydsl_installed", lambda: False)
+    fn, args, _ = _cases()["index_decode"]
+    with jm.lowering_options(gpu_arch="gfx950", gpu_units=256):
+        with pytest.raises(NoLoweringError, match=r"(?s)cannot load: no prebuilt or cached "
+                           r".*FlyDSL is not installed.*jax_mxfp4\[rocm\].*gfx950_kernels"):
+            lower_for_rocm(fn, args)
+        (entry,) = jm.explain(fn, *args, platform="rocm")
+        assert entry.lowering == "none" and entry.skipped[0][0] == "flydsl:index_scores"
+        with jm.lowering_options(gfx950_kernels="triton"):
+            assert _symbols(lower_for_rocm(fn, args)) == ["index_scores_kernel"]
+
+
+def test_a_kernel_module_that_does_not_import_is_the_error(monkeypatch, rocm):
+    """A FlyDSL module failing to import (a broken install, as the wheel once was: it
+    imported a top-level ``hip_kernels``) is reported with the import error, not skipped."""
+    monkeypatch.setitem(sys.modules, "jax_mxfp4.hip_kernels.index_scores", None)
+    fn, args, _ = _cases()["index_decode"]
+    with pytest.raises(NoLoweringError, match=r"jax_mxfp4\.hip_kernels\.index_scores does "
+                       r"not import"):
+        lower_for_rocm(fn, args)

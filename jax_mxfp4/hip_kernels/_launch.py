@@ -15,7 +15,7 @@ import numpy as np
 
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu.compiler import Compiled
-from jax_mxfp4.lowering import FLYDSL_REQUIREMENT
+from jax_mxfp4.lowering import FLYDSL_REQUIREMENT, LoadFailure
 
 from .abi import Specialization
 from .code_object import ARCHES, code_object
@@ -33,7 +33,8 @@ def available(target, config) -> str | None:
         return f"FlyDSL kernels are built for {'/'.join(ARCHES)}, not {target.arch}"
     if config.gfx950_kernels != "flydsl":
         return "jax_mxfp4_gfx950_kernels / JAX_MXFP4_GFX950_KERNELS asks for the Triton kernels"
-    return launcher.problem(target)
+    problem = launcher.problem(target)
+    return None if problem is None else LoadFailure(problem)
 
 
 def code_object_problem(spec: Specialization, arch: str) -> str | None:
@@ -46,8 +47,8 @@ def code_object_problem(spec: Specialization, arch: str) -> str | None:
     try:
         code_object(spec, arch=arch, compile=False)
     except FileNotFoundError:
-        return f"no prebuilt or cached {spec.symbol} and FlyDSL is not installed; " \
-               f"{FLYDSL_REQUIREMENT}"
+        return LoadFailure(f"no prebuilt or cached {spec.symbol} and FlyDSL is not installed; "
+                           f"{FLYDSL_REQUIREMENT}")
     return None
 
 
