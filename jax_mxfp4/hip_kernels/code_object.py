@@ -4,8 +4,10 @@ Lookup order:
 
 1. ``$JAX_MXFP4_KERNEL_DIR/<symbol>.hsaco`` — a prebuilt folder (``python -m jax_mxfp4 build``
    writes one); used as is, no compiler needed;
-2. the on-disk cache ``$JAX_MXFP4_CACHE_DIR`` (default ``~/.cache/jax_mxfp4/kernels``), keyed by
-   a content hash of the kernel sources, the FlyDSL version, the specialization and the arch;
+2. the on-disk cache ``$JAX_MXFP4_CACHE_DIR`` (default ``~/.cache/jax_mxfp4/kernels``):
+   ``<arch>/<symbol>-<spec_key>/<sources digest>/``, where :func:`spec_key` covers the
+   specialization, the arch and the FlyDSL and LLD versions, and an entry is used only while
+   every package source its build imported still has the recorded bytes (:mod:`.sources`);
 3. compile with FlyDSL (needs the ``rocm`` extra: FlyDSL, a CPU torch, an LLD >= 19), then
    store into the cache (atomic rename, safe across processes).
 
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from jax_mxfp4.cache import kernel_cache_dir
 
-from . import abi
+from . import abi, sources
 from .metadata import KernelInfo, kernel_info, waves_per_simd
 
 ARCHES = ("gfx950",)
@@ -81,21 +83,22 @@ class CodeObject:
         }
 
 
-def _flydsl_version() -> str:
+TOOL_DISTRIBUTIONS = ("flydsl", "ziglang")
+"""The installed distributions a build runs (FlyDSL with its MLIR/LLVM; LLD from ziglang)."""
+
+
+def _version(distribution: str) -> str:
     try:
-        return importlib_metadata.version("flydsl")
+        return importlib_metadata.version(distribution)
     except importlib_metadata.PackageNotFoundError:
         return "absent"
 
 
-def content_hash(spec: abi.Specialization, arch: str) -> str:
-    """Hash of everything the code object depends on."""
-    h = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    h.update(json.dumps([spec.op, spec.params(), arch, _flydsl_version()], sort_keys=True).encode())
-    return h.hexdigest()[:24]
+def spec_key(spec: abi.Specialization, arch: str) -> str:
+    """Hash of what a build depends on besides the package's sources: the specialization,
+    the arch and the build tools' versions."""
+    inputs = [spec.op, spec.params(), arch, [_version(d) for d in TOOL_DISTRIBUTIONS]]
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _from_files(spec, arch, hsaco: Path, digest: str) -> CodeObject:
@@ -105,10 +108,29 @@ def _from_files(spec, arch, hsaco: Path, digest: str) -> CodeObject:
     return CodeObject(spec, arch, data, isa, kernel_info(data, spec.symbol), digest)
 
 
-def _store(folder: Path, co: CodeObject) -> None:
+def _prebuilt_hash(hsaco: Path, key: str) -> str:
+    """The content hash a prebuilt folder's manifest entry records (``build`` writes it)."""
+    manifest = hsaco.with_suffix(".json")
+    if manifest.exists():
+        return json.loads(manifest.read_text()).get("content_hash", key)
+    return key
+
+
+def _cached(entry: Path, spec, arch) -> CodeObject | None:
+    """The cached build under ``entry`` whose recorded sources are all still current."""
+    for recorded in sorted(entry.glob(f"*/{sources.RECORD_FILE}")):
+        found = json.loads(recorded.read_text())
+        if sources.still_current(found):
+            digest = f"{entry.name.rsplit('-', 1)[1]}{recorded.parent.name}"
+            return _from_files(spec, arch, recorded.parent / f"{spec.symbol}.hsaco", digest)
+    return None
+
+
+def _store(folder: Path, co: CodeObject, recorded: sources.Sources) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
     write_files(co, tmp)
+    (tmp / sources.RECORD_FILE).write_text(json.dumps(recorded, indent=1))
     try:
         tmp.rename(folder)
     except OSError:  # another process got there first: keep theirs
@@ -132,19 +154,21 @@ def code_object(op: str | abi.Specialization, *, arch: str = "gfx950", compile: 
     spec = op if isinstance(op, abi.Specialization) else abi.Specialization(op, **params)
     if arch not in ARCHES:
         raise ValueError(f"FlyDSL kernels are built for {ARCHES}, not {arch!r}")
-    digest = content_hash(spec, arch)
+    key = spec_key(spec, arch)
     prebuilt = os.environ.get("JAX_MXFP4_KERNEL_DIR")
     if prebuilt and (Path(prebuilt) / f"{spec.symbol}.hsaco").exists():
-        return _from_files(spec, arch, Path(prebuilt) / f"{spec.symbol}.hsaco", digest)
-    folder = kernel_cache_dir() / arch / f"{spec.symbol}-{digest}"
-    if (folder / f"{spec.symbol}.hsaco").exists():
-        return _from_files(spec, arch, folder / f"{spec.symbol}.hsaco", digest)
+        hsaco = Path(prebuilt) / f"{spec.symbol}.hsaco"
+        return _from_files(spec, arch, hsaco, _prebuilt_hash(hsaco, key))
+    entry = kernel_cache_dir() / arch / f"{spec.symbol}-{key}"
+    if (cached := _cached(entry, spec, arch)) is not None:
+        return cached
     if not compile:
         raise FileNotFoundError(f"no prebuilt or cached code object for {spec.symbol}")
     from jax_mxfp4.hip_kernels.compiler import compile_spec
 
     built = compile_spec(spec, arch, kernel_cache_dir())
+    built_from = sources.digest(built.sources)
     co = CodeObject(spec, arch, built.hsaco, built.isa, kernel_info(built.hsaco, spec.symbol),
-                    digest)
-    _store(folder, co)
+                    f"{key}{built_from}")
+    _store(entry / built_from, co, built.sources)
     return co

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from . import abi, toolchain
+from .sources import imported_sources
 
 WAVES_PER_EU = 2
 """Occupancy every kernel is compiled for (LLVM keeps VGPR+AGPR within 256 per wave)."""
@@ -27,9 +28,13 @@ class KernelBuildError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Compiled:
+    """A code object (HSACO ELF), its ISA text, the compiler's log, and the package sources
+    the build process had imported once the kernel was built (``sources.Sources``)."""
+
     hsaco: bytes
     isa: str
     log: str
+    sources: dict[str, str]
 
 
 def builder_module(op: str):
@@ -107,4 +112,4 @@ def compile_spec_in_process(spec: abi.Specialization, arch: str, cache_dir: Path
         isa = isa_files[-1].read_text()
     if compiled is None:
         raise KernelBuildError(f"{spec.symbol}: FlyDSL returned no compiled function")
-    return Compiled(_binary_from_ir(compiled._keepalive.ir), isa, text)
+    return Compiled(_binary_from_ir(compiled._keepalive.ir), isa, text, imported_sources())

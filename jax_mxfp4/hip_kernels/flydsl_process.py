@@ -4,8 +4,9 @@ FlyDSL imports torch (see :mod:`.torch_stand_in`); running it in a child process
 that installs the stand-in first means a gfx950 build needs no torch on disk and never
 imports the user's torch, and the code objects do not depend on which torch (if any) is
 installed. The parent sends the specialization, the arch and the cache folder as JSON on
-stdin; the child compiles with :func:`jax_mxfp4.hip_kernels.compiler.compile_spec_in_process` and
-writes the code object, the ISA and the compiler log into a folder the parent reads back.
+stdin; the child compiles with :func:`.compiler.compile_spec_in_process` and writes the code
+object, the ISA, the compiler log and the package sources it imported (:mod:`.sources`, for
+the cache key) into a folder the parent reads back.
 A failure in the child comes back as the same exception type and message.
 
 Run as ``python -m jax_mxfp4.hip_kernels.flydsl_process OUT_DIR`` (by :func:`compile_spec` only).
@@ -23,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from jax_mxfp4.hip_kernels import abi, toolchain
+from jax_mxfp4.hip_kernels.sources import PACKAGE_ROOT, RECORD_FILE
 
 INSTALL_HINT = "pip install 'jax_mxfp4[rocm]' (FlyDSL and an LLD >= 19; no torch needed)"
 ERROR_FILE = "error.json"
@@ -31,11 +33,6 @@ CHILD_MODULE = "jax_mxfp4.hip_kernels.flydsl_process"
 
 def flydsl_installed() -> bool:
     return importlib.util.find_spec("flydsl") is not None
-
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-"""The folder holding the ``jax_mxfp4`` package this process imported (site-packages for an
-installed wheel)."""
 
 
 def _child_env() -> dict[str, str]:
@@ -52,7 +49,8 @@ def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path):
 
     if not flydsl_installed():
         raise toolchain.ToolchainError(f"FlyDSL is not installed: {INSTALL_HINT}")
-    request = {"spec": dataclasses.asdict(spec), "arch": arch, "cache_dir": str(cache_dir)}
+    request = {"spec": dataclasses.asdict(spec), "arch": arch, "cache_dir": str(cache_dir),
+               "package_root": str(PACKAGE_ROOT)}
     with tempfile.TemporaryDirectory(prefix="jax_mxfp4_flydsl_") as folder:
         out = Path(folder)
         done = subprocess.run([sys.executable, "-m", CHILD_MODULE, str(out)],
@@ -67,7 +65,8 @@ def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path):
             raise KernelBuildError(f"{spec.symbol}: the FlyDSL build process failed "
                                    f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
         return Compiled((out / "kernel.hsaco").read_bytes(), (out / "kernel.s").read_text(),
-                        (out / "compile.log").read_text())
+                        (out / "compile.log").read_text(),
+                        json.loads((out / RECORD_FILE).read_text()))
 
 
 def main(argv: list[str]) -> int:
@@ -79,6 +78,12 @@ def main(argv: list[str]) -> int:
     from jax_mxfp4.hip_kernels.compiler import KernelBuildError, compile_spec_in_process
 
     spec = abi.Specialization(**request["spec"])
+    if request["package_root"] != str(PACKAGE_ROOT):  # e.g. an editable install's finder won
+        error = {"type": "KernelBuildError", "message": (
+            f"the FlyDSL compile process imported jax_mxfp4 from {PACKAGE_ROOT}, not from the "
+            f"caller's {request['package_root']}: its kernels would not be the caller's")}
+        (out / ERROR_FILE).write_text(json.dumps(error))
+        return 1
     try:
         built = compile_spec_in_process(spec, request["arch"], Path(request["cache_dir"]))
     except (KernelBuildError, toolchain.ToolchainError) as exc:
@@ -88,6 +93,7 @@ def main(argv: list[str]) -> int:
     (out / "kernel.hsaco").write_bytes(built.hsaco)
     (out / "kernel.s").write_text(built.isa)
     (out / "compile.log").write_text(built.log)
+    (out / RECORD_FILE).write_text(json.dumps(built.sources))
     return 0
 
 
