@@ -60,12 +60,15 @@ class Backend:
     ``target(platform, ctx, config)`` returns the :class:`jax_mxfp4.targets.Target` the
     operations lower to on JAX platform ``platform`` (``"cpu"``, ``"cuda"``, ``"rocm"``), or
     raises ``NotImplementedError`` saying why this backend cannot lower there. ``None`` (the
-    reference backend): every operation takes the reference lowering.
+    reference backend): every operation takes the reference lowering. ``static_shapes``: every
+    kernel it lowers to launches a grid sized from the shapes, so an operand with a symbolic
+    dimension (``jax.export.symbolic_shape``) is refused at trace time, naming the operand.
     """
 
     name: str
     help: str
     target: Callable | None
+    static_shapes: bool = False
 
 
 _BACKENDS: dict[str, Backend] = {}

@@ -53,7 +53,7 @@ def _target(arch: str, units: int):
 for _name, (_arch, _units) in EMULATED.items():
     register_backend(Backend(
         _name, f"the ROCm {_arch} lowering, run in the CDNA emulator on the CPU",
-        _target(_arch, _units)))
+        _target(_arch, _units), static_shapes=True))
 
 
 # --- the emulated launch ---------------------------------------------------------------------

@@ -13,9 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mxfp4 import backend as backends
 from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
 from jax_mxfp4.metadata import METADATA_DTYPES
-from jax_mxfp4.scaling import LOG2E_LITERAL
+from jax_mxfp4.scaling import FLT_MIN, LOG2E_LITERAL
 
 QUERY_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float8_e4m3fn))
 Q_ROUNDS = ("e4m3", "none")
@@ -103,6 +104,7 @@ def positive_int(value, name: str, minimum: int = 1) -> int:
 
 
 def scale(value, name: str = "sm_scale") -> float:
+    """A static softmax scale whose fp32 value is finite, positive and normal (SPEC §15.20)."""
     static(value, name)
     try:
         f = float(value)
@@ -112,6 +114,11 @@ def scale(value, name: str = "sm_scale") -> float:
         f32 = np.float32(f)
     if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
         raise ValueError(f"{name} must be finite and positive in fp32, got {value!r}")
+    if f32 < FLT_MIN:  # SPEC §15.20: XLA's CPU flushes a subnormal scale to zero
+        raise ValueError(
+            f"{name} must be a normal fp32, at least {FLT_MIN!r} (the smallest normal), got "
+            f"{value!r}, which is subnormal in fp32 (SPEC §15.20)"
+        )
     return f
 
 
@@ -126,6 +133,32 @@ def score_scale(value, name: str = "sm_scale") -> float:
             f"{name} must make {name} * log2(e) a finite positive fp32, got {value!r}"
         )
     return f
+
+
+def static_shapes(operands, where: str) -> None:
+    """``operands``: ``(name, array or aval)`` pairs. A symbolic dimension (``jax.export``
+    with ``jax.export.symbolic_shape``) where ``where``'s kernels need every size when the call
+    is lowered (their launch grids and plans are sized from the shapes): ``ValueError`` naming
+    the operand and the dimension, instead of JAX's ``InconclusiveDimensionOperation`` from
+    deep inside a launch plan."""
+    for name, x in operands:
+        for axis, size in enumerate(x.shape):
+            if jax.export.is_symbolic_dim(size):
+                raise ValueError(
+                    f"{name}: dimension {axis} ({str(size)!r}) must be static for {where}: its "
+                    f"kernels launch grids sized from the shapes when the call is lowered. "
+                    f"Export with concrete sizes, or with backend 'auto' on the CPU (the C++ "
+                    f"handlers) or backend 'reference', which take symbolic dimensions"
+                )
+
+
+def backend_shapes(names: tuple[str, ...], operands) -> None:
+    """Trace time: :func:`static_shapes` of ``operands`` (called ``names``) where the current
+    backend needs static shapes (``Backend.static_shapes``: the emulated ROCm backends); for
+    the others, the platform a call is lowered for decides (``primitives._operation``)."""
+    name = backends.get_backend()
+    if backends.backend(name).static_shapes:
+        static_shapes(zip(names, operands, strict=True), f"backend {name!r}")
 
 
 def option(value, name: str, choices: tuple[str, ...]) -> str:

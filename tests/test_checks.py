@@ -28,6 +28,7 @@ from jax_mxfp4 import ffi_targets as ft
 from jax_mxfp4 import formats
 
 FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MIN = float(np.finfo(np.float32).tiny)
 SM = 128**-0.5
 
 
@@ -70,7 +71,10 @@ API_RULES = [
     ("sm_scale finite in fp32", ValueError, "sm_scale",
      lambda: _attention(sm_scale=1e39), lambda: _attention(sm_scale=FLT_MAX)),
     ("sm_scale positive in fp32", ValueError, "sm_scale",
-     lambda: _attention(sm_scale=1e-46), lambda: _attention(sm_scale=1.5e-45)),
+     lambda: _attention(sm_scale=1e-46), lambda: _attention(sm_scale=FLT_MIN)),
+    ("sm_scale normal in fp32 (SPEC §15.20)", ValueError, "sm_scale",
+     lambda: _scores(sm_scale=float(np.nextafter(np.float32(FLT_MIN), np.float32(0)))),
+     lambda: _scores(sm_scale=FLT_MIN)),
     ("sm_scale not NaN", ValueError, "sm_scale",
      lambda: _attention(sm_scale=float("nan")), lambda: _attention(sm_scale=1.0)),
     ("sm_scale a number", TypeError, "sm_scale",

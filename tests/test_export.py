@@ -7,10 +7,22 @@ test_checks_name_every_registered_target fails; without the SparseSelection regi
 test_decode_step_round_trip fails at serialize; ``jm.deserialize`` without its target
 registration (plain ``jax.export.deserialize``) fails test_deserialized_in_a_fresh_process
 ("No FFI handler registered for jax_mxfp4_write_cache").
+
+Symbolic row counts (``jax.export.symbolic_shape``): every operation that takes rows exports
+on the CPU handlers and the reference backend and runs at any size with the jitted bits;
+backends whose kernels need static sizes refuse, naming the operand and its dimension.
+Mutation checks: the reference's ``map_row_chunks`` / ``rows_per_chunk`` as before (comparing
+the symbolic row count with the chunk) fails test_symbolic_rows_export_and_run for
+index_scores and both sparse_attention outputs (JAX's InconclusiveDimensionOperation); without
+``validate.backend_shapes``'s check every test_symbolic_rows_refused_by_the_emulated_backends
+case fails (nothing refuses while tracing); without the check in the kernel primitive's
+lowering rule (``_operation._platform_rule``) every test_symbolic_rows_refused_for_gpu_kernels
+case fails (an InconclusiveDimensionOperation from a launch plan, naming no operand).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -140,3 +152,94 @@ def test_deserialized_in_a_fresh_process(rng, tmp_path):
     assert len(got) == len(want)
     for i, w in enumerate(want):
         np.testing.assert_array_equal(got[f"arr_{i}"], w)
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic row counts (jax.export.symbolic_shape)
+# ---------------------------------------------------------------------------------------------
+
+HQ, HKV, H_INDEX, TABLE_W = 8, 2, 8, 4  # 3 requests x 8 index heads: the gathered scorer
+
+
+def _rows_args(rng, t):
+    """Each operation's arguments with ``t`` rows, and where the rows are: ``(fn, args, row
+    axes as (argument, axis) pairs, the operand a refusal names)``."""
+    bf16 = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
+    ints = lambda lo, hi, *shape: jnp.asarray(rng.integers(lo, hi, shape), jnp.int32)  # noqa: E731
+    kv_pool, index_pool = jnp.asarray(random_pages(rng, (PAGES, HKV))), jnp.asarray(
+        random_pages(rng, (PAGES,)))
+    table = ints(-1, PAGES + 1, REQUESTS, TABLE_W)
+    positions, requests = ints(-1, 4 * 128, t), ints(0, REQUESTS, t)
+    slots = ints(-2, PAGES * 128 + 2, t)
+    return {
+        "write_cache": (jm.write_cache, (kv_pool, bf16(t, HKV, 128), slots), [(1, 0), (2, 0)],
+                        "x"),
+        "write_kv_cache": (jm.write_kv_cache, (kv_pool, kv_pool, index_pool, bf16(t, HKV, 128),
+                                               bf16(t, HKV, 128), bf16(t, 128), slots),
+                           [(3, 0), (4, 0), (5, 0), (6, 0)], "k"),
+        "index_scores": (functools.partial(jm.index_scores, num_blocks=TABLE_W, sm_scale=SM_SCALE),
+                         (bf16(t, H_INDEX, 128), index_pool, table, positions, requests),
+                         [(0, 0), (3, 0), (4, 0)], "q"),
+        "select_blocks": (functools.partial(jm.select_blocks, topk=2),
+                          (jnp.asarray(rng.standard_normal((HKV, t, TABLE_W)), jnp.float32),
+                           table, positions, requests), [(0, 1), (2, 0), (3, 0)], "scores"),
+        "sparse_attention": (functools.partial(jm.sparse_attention, sm_scale=SM_SCALE),
+                             (bf16(t, HQ, 128), kv_pool, kv_pool, ints(-1, PAGES + 1, t, HKV, 3),
+                              ints(0, 3 * 128 + 1, t, HKV)), [(0, 0), (3, 0), (4, 0)], "q"),
+        "sparse_attention_mxfp8": (
+            functools.partial(jm.sparse_attention, sm_scale=SM_SCALE, output="mxfp8"),
+            (bf16(t, HQ, 128), kv_pool, kv_pool, ints(-1, PAGES + 1, t, HKV, 3),
+             ints(0, 3 * 128 + 1, t, HKV)), [(0, 0), (3, 0), (4, 0)], "q"),
+    }
+
+
+SYMBOLIC_OPS = list(_rows_args(np.random.default_rng(0), 1))
+
+
+def _symbolic_specs(args, row_axes):
+    """``args`` as ``jax.ShapeDtypeStruct``s whose row axes are the symbolic dimension T."""
+    (rows,) = jax.export.symbolic_shape("T")
+    shapes = [list(a.shape) for a in args]
+    for i, axis in row_axes:
+        shapes[i][axis] = rows
+    return [jax.ShapeDtypeStruct(tuple(s), a.dtype) for s, a in zip(shapes, args, strict=True)]
+
+
+@pytest.mark.parametrize("op", SYMBOLIC_OPS)
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_symbolic_rows_export_and_run(rng, backend, op):
+    """One export with a symbolic row count, called at two sizes: the bits of the function
+    jitted at each size (the C++ handlers take any size; the reference chunks its rows in a
+    loop of symbolic length)."""
+    fn, args, row_axes, _ = _rows_args(rng, 1)[op]
+    with jm.backend_scope(backend):
+        exported = jm.export(fn)(*_symbolic_specs(args, row_axes))
+        for t in (1, 5):
+            args = _rows_args(rng, t)[op][1]
+            assert_same_bits(exported.call(*args), jax.jit(fn)(*args))
+
+
+@pytest.mark.parametrize("op", SYMBOLIC_OPS)
+@pytest.mark.parametrize("backend", ["emulated-gfx950", "emulated-gfx942"])
+def test_symbolic_rows_refused_by_the_emulated_backends(rng, backend, op):
+    """Their kernels launch grids sized from the shapes: refused while tracing (so no kernel
+    is needed here), naming the operand and its dimension."""
+    fn, args, row_axes, name = _rows_args(rng, 1)[op]
+    want = rf"^{name}: dimension {row_axes[0][1]} \('T'\) must be static for backend '{backend}':"
+    with jm.backend_scope(backend), pytest.raises(ValueError, match=want):
+        jax.jit(fn).trace(*_symbolic_specs(args, row_axes))  # traced only, never lowered
+
+
+@pytest.mark.parametrize("op", SYMBOLIC_OPS)
+@pytest.mark.parametrize(("platform", "arch"), [("cuda", "90"), ("rocm", "gfx942"),
+                                                ("rocm", "gfx950")])
+def test_symbolic_rows_refused_for_gpu_kernels(rng, platform, arch, op):
+    """Exported for a GPU under backend "auto": refused when the call is lowered, before any
+    kernel is compiled or planned (so no GPU, Triton or FlyDSL is needed here). The kernel
+    primitive names its own operands (``write_kv_cache``'s ``k`` is ``write_cache``'s ``x``)."""
+    fn, args, row_axes, name = _rows_args(rng, 1)[op]
+    name = "x" if op == "write_kv_cache" else name
+    want = (rf"^{name}: dimension {row_axes[0][1]} \('T'\) must be static for backend 'auto' "
+            rf"on {platform} {arch}:")
+    with jm.lowering_options(gpu_arch=arch), pytest.raises(ValueError, match=want):
+        jm.export(fn, platforms=[platform])(*_symbolic_specs(args, row_axes))

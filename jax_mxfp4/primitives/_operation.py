@@ -35,10 +35,11 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding
 
 from jax_mxfp4 import backend as backends
+from jax_mxfp4 import validate
 from jax_mxfp4.backend import LoweringConfig, current_config
 from jax_mxfp4.lowering import Call, Choice, Lowering, NoLoweringError, choose, no_lowering_message
 from jax_mxfp4.primitives._sharding import ShardingRule, plan, shift_ids
-from jax_mxfp4.targets import PLATFORMS, Target
+from jax_mxfp4.targets import CPU, PLATFORMS, Target
 
 Params = tuple[tuple[str, Any], ...]
 
@@ -58,6 +59,11 @@ class Operation:
     sharding: Callable[[Sequence[tuple[int, ...]]], ShardingRule]  # operand shapes -> rule
     lowerings: tuple[Lowering, ...]  # tried in order; the first covering a call lowers it
     multiple_results: bool = False
+    operands: tuple[str, ...] = ()  # the operands' names, for errors that name one
+
+    def operand_names(self, count: int) -> tuple[str, ...]:
+        return self.operands if len(self.operands) == count else tuple(
+            f"operand {i}" for i in range(count))
 
 
 OPERATIONS: list[Operation] = []
@@ -103,7 +109,9 @@ def _platform_rule(op: Operation, platform: str | None) -> Callable:
     """The kernel primitive's lowering on ``platform`` (``None``: whichever the context
     lowers for): the backend's first covering lowering, or the reference lowering under
     ``backend="reference"``; an error naming every reason when no lowering covers the call
-    (nothing falls back silently)."""
+    (nothing falls back silently). Code objects need every size when lowered: an operand with
+    a symbolic dimension (``jax.export``) is a ``ValueError`` naming it, before any kernel
+    module plans a launch from the shapes."""
     reference_rule = _reference_rule(op)
 
     def rule(ctx, *args, **params):
@@ -111,6 +119,10 @@ def _platform_rule(op: Operation, platform: str | None) -> Callable:
         call = call_of(op, where, ctx.avals_in, ctx.avals_out, params, ctx)
         if call is None:
             return reference_rule(ctx, *args, **params)
+        if call.target.device != CPU:  # code objects, launched on grids sized from the shapes
+            names = op.operand_names(len(ctx.avals_in))
+            where = f"backend {call.config.backend!r} on {call.target.describe()}"
+            validate.static_shapes(zip(names, ctx.avals_in, strict=True), where)
         choice = choice_for(op, call)
         if choice.lowering is None:
             raise NoLoweringError(no_lowering_message(call, choice))

@@ -70,6 +70,7 @@ mxfp4_index_scores_p = define(
         batching_rule=_batching_rule,
         reference=reference.index_scores,
         sharding=_sharding,
+        operands=("q", "index_pool", "block_table", "positions", "requests"),
         lowerings=(
             CpuHandler(ffi_targets.INDEX_SCORES, _cpu_attributes),
             flydsl("index_scores"),

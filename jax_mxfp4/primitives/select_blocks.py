@@ -75,6 +75,7 @@ mxfp4_select_blocks_p = define(
         batching_rule=_batching_rule,
         reference=_reference,
         sharding=_sharding,
+        operands=("scores", "block_table", "positions", "requests"),
         lowerings=(CpuHandler(ffi_targets.SELECT_BLOCKS, _cpu_attributes), triton("select_blocks")),
         multiple_results=True,
     )

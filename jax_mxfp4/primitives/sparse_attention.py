@@ -92,6 +92,7 @@ def _define(output: str):
             batching_rule=_batching_rule,
             reference=_reference,
             sharding=_mxfp8_sharding if mxfp8 else _sharding,
+            operands=("q", "k_pool", "v_pool", "page_table", "context_lens"),
             lowerings=(
                 CpuHandler(
                     ffi_targets.SPARSE_ATTENTION_MXFP8 if mxfp8 else ffi_targets.SPARSE_ATTENTION,

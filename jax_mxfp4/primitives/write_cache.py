@@ -62,6 +62,7 @@ mxfp4_write_cache_p = define(
         batching_rule=_batching_rule,
         reference=reference.write_cache,
         sharding=_sharding,
+        operands=("pool", "x", "slots"),
         lowerings=(
             CpuHandler(ffi_targets.WRITE_CACHE, _cpu_attributes, aliases={0: 0}),
             flydsl("write_cache"),

@@ -52,25 +52,33 @@ def scale_by_exponent(x: jnp.ndarray, exponent: jnp.ndarray) -> jnp.ndarray:
     return mul_pow2(x, exponent)
 
 
-def rows_per_chunk(bytes_per_row: int, num_rows: int) -> int:
-    """How many rows one step of a chunked loop takes (at least 1, at most ``num_rows``)."""
-    return int(max(1, min(num_rows, _CHUNK_BYTES // max(1, bytes_per_row))))
+def rows_per_chunk(bytes_per_row: int, num_rows) -> int:
+    """How many rows one step of a chunked loop takes: at least 1, and at most ``num_rows``
+    when that is known (a symbolic row count, from ``jax.export``, gets the full chunk)."""
+    chunk = max(1, _CHUNK_BYTES // max(1, bytes_per_row))
+    if jax.export.is_symbolic_dim(num_rows):
+        return int(chunk)
+    return int(max(1, min(num_rows, chunk)))
 
 
 def map_row_chunks(fn: Callable, row_args: tuple, chunk: int) -> jnp.ndarray | tuple:
     """Apply ``fn`` to consecutive chunks of ``chunk`` rows (axis 0 of every ``row_args``).
 
     Equivalent to ``fn(*row_args)`` but with intermediates of ``chunk`` rows at a time; the rows
-    are padded to a multiple of ``chunk`` with copies of row 0 and the padding is dropped.
+    are padded to a multiple of ``chunk`` with copies of row 0 and the padding is dropped. A
+    symbolic row count (``jax.export``) always takes the chunked loop, its step count and
+    padding symbolic too: memory stays bounded whatever size the exported function gets.
     """
     num_rows = row_args[0].shape[0]
-    if num_rows == 0 or chunk >= num_rows:
+    symbolic = jax.export.is_symbolic_dim(num_rows)
+    if not symbolic and (num_rows == 0 or chunk >= num_rows):
         return fn(*row_args)
     steps = -(-num_rows // chunk)
     pad = steps * chunk - num_rows
 
     def chunked(a: jnp.ndarray) -> jnp.ndarray:
-        a = jnp.concatenate([a, jnp.repeat(a[:1], pad, axis=0)]) if pad else a
+        if symbolic or pad:
+            a = jnp.concatenate([a, jnp.broadcast_to(a[:1], (pad, *a.shape[1:]))])
         return a.reshape(steps, chunk, *a.shape[1:])
 
     out = jax.lax.map(lambda args: fn(*args), tuple(chunked(a) for a in row_args))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp4 import formats
+from jax_mxfp4 import formats, validate
 from jax_mxfp4._bits import widen_rounded
 from jax_mxfp4.formats import PAGE_TOKENS
 from jax_mxfp4.metadata import as_int32
@@ -103,6 +103,7 @@ def index_scores(
     requests = as_int32(requests, "requests", "id")
     num_rows = q.shape[0]
     num_requests, num_pages = block_table.shape[0], index_pool.shape[0]
+    validate.score_scale(sm_scale)  # SPEC §15.20: a normal fp32, as the public API demands
     score_scale = folded_score_scale(sm_scale)
     qe = scoring_query(q, q_round)
     row_ok = row_is_live(positions, requests, num_requests)

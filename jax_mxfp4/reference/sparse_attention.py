@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mxfp4 import formats
+from jax_mxfp4 import formats, validate
 from jax_mxfp4._bits import (
     exact_div,
     exact_scaled_f32,
@@ -116,6 +116,7 @@ def sparse_attention(
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``, the MXFP8 quantization of the bf16 output.
     """
+    validate.scale(sm_scale)  # SPEC §15.20: a normal fp32, as the public API demands
     q, k_pool, v_pool = jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool)
     page_table = as_int32(page_table, "page_table", "id")  # SPEC §15.16
     context_lens = as_int32(context_lens, "context_lens", "length")
