@@ -33,6 +33,12 @@ equal the one-device sum only to rounding.
   bit for bit is printed. On GPUs, ``XLA_FLAGS="--xla_gpu_deterministic_ops=true
   --xla_gpu_autotune_level=0"`` makes each compiled program repeat its own bits.
 
+Several processes (one per host) share one mesh with ``--coordinator HOST:PORT
+--num-processes N --process-id I`` (``jax.distributed``; README "More than one host"): the
+mesh is made of every process's devices, each process's first, so a dp shard of ``tp``
+devices stays inside one process when ``tp`` divides its device count; the hidden states are
+gathered from every process (``fetch``) and ``--save`` has process 0 write them.
+
 ``--compare-backend NAME`` reruns the same prefill and decode on backend ``NAME`` and holds
 the hidden states to the same 1e-2. With the emulated MI355X it checks the gfx950 kernels
 inside a whole model on the CPU (a few seconds per decode step at these sizes):
@@ -54,6 +60,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -241,7 +248,17 @@ def block_table(cfg: Config, dp: int) -> np.ndarray:
 
 
 def put(tree, specs, mesh: Mesh):
+    """Each array of ``tree`` on ``mesh``. With several processes every process passes the
+    same whole (host) array and keeps the shards of its own devices."""
     return jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), tree, specs)
+
+
+def fetch(a: jax.Array) -> np.ndarray:
+    """The whole value of ``a`` on this host; an array with shards on other processes' devices
+    is gathered from them (every process must call this, in the same order)."""
+    if a.is_fully_addressable:
+        return np.asarray(a)
+    return np.asarray(multihost_utils.process_allgather(a, tiled=True))
 
 
 def serve(cfg: Config, mesh: Mesh, records: list | None = None,
@@ -265,8 +282,8 @@ def serve(cfg: Config, mesh: Mesh, records: list | None = None,
     pools, y, *step_records = prefill(params, pools, put(x.astype(BF16), P("dp"), mesh),
                                       put(prompt_lens, P("dp"), mesh), table)
     if record:
-        records.append(jax.tree.map(np.asarray, step_records[0]))
-    outputs = {"prefill": np.asarray(y)}
+        records.append(jax.tree.map(fetch, step_records[0]))
+    outputs = {"prefill": fetch(y)}
     last = np.arange(cfg.requests) * cfg.prompt_len + prompt_lens - 1
     x = put(np.asarray(rms_norm(jnp.asarray(outputs["prefill"][last])).astype(BF16)),
             P("dp"), mesh)
@@ -278,12 +295,12 @@ def serve(cfg: Config, mesh: Mesh, records: list | None = None,
         pools, y, x, *step_records = jax.block_until_ready(
             compiled(params, pools, x, seq_lens, table))
         times.append(time.perf_counter() - start)
-        decoded.append(np.asarray(y))
+        decoded.append(fetch(y))
         if record:
-            records.append(jax.tree.map(np.asarray, step_records[0]))
+            records.append(jax.tree.map(fetch, step_records[0]))
         seq_lens = seq_lens + 1
     outputs["decode"] = np.stack(decoded)
-    outputs["pools"] = np.stack([digest_bytes(np.asarray(p)) for p in pools])
+    outputs["pools"] = np.stack([digest_bytes(fetch(p)) for p in pools])
     return outputs, times, _collectives(compiled.as_text())
 
 
@@ -323,7 +340,7 @@ def relative_error(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 def operations_bit_equal_on_one_device(records: list) -> tuple[bool, int]:
     """Recompute our operations of every recorded step and layer on one device from the
     recorded inputs; ``(all bits equal, how many layer-steps were compared)``."""
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     ops = jax.jit(mxfp4_operations)
     compared, equal = 0, True
     for step in records:
@@ -349,7 +366,7 @@ def check_against_tp1(cfg: Config, args, outputs, records: list) -> bool:
     print(f"jax_mxfp4 operations (cache writes, index scores, selection, sparse attention with "
           f"MXFP8 output) of {compared} layer-steps equal one device on the same inputs bit "
           f"for bit: {ops_equal}")
-    single, single_times, _ = serve(cfg, make_mesh(1, 1))
+    single, single_times, _ = serve(cfg, make_mesh(1, 1, jax.local_devices()))
     equal, error = same_bits(outputs, single), relative_error(outputs, single)
     print(f"TP=1 DP=1 decode step: median {np.median(single_times) * 1e3:.2f} ms")
     print(f"hidden states: TP={args.tp} DP={args.dp} equals TP=1 DP=1 bit for bit: {equal} "
@@ -370,6 +387,13 @@ def _arguments(argv) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true",
                         help="recompute our operations on one device and compare bits; rerun "
                         "with TP=1, DP=1 and compare the hidden states")
+    parser.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                        help="run as one of --num-processes processes (one per host): "
+                        "jax.distributed.initialize with this coordinator (process 0's host)")
+    parser.add_argument("--num-processes", type=int, default=1)
+    parser.add_argument("--process-id", type=int, default=0)
+    parser.add_argument("--save", default=None, metavar="PATH.npz",
+                        help="process 0 writes the hidden states' and pool digests' bytes here")
     for field in dataclasses.fields(Config):
         parser.add_argument("--" + field.name.replace("_", "-"), type=int, default=field.default)
     return parser.parse_args(argv)
@@ -379,14 +403,19 @@ def main(argv=None) -> int:
     args = _arguments(sys.argv[1:] if argv is None else argv)
     if args.cpu_devices:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+    if args.coordinator:  # before anything asks JAX for its devices
+        jax.distributed.initialize(coordinator_address=args.coordinator,
+                                   num_processes=args.num_processes, process_id=args.process_id)
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
     if cfg.kv_heads % args.tp or cfg.requests % args.dp:
         raise SystemExit("--tp must divide --kv-heads and --dp must divide --requests")
     mesh = make_mesh(args.tp, args.dp)
     records = [] if args.check else None
     outputs, times, collectives = serve(cfg, mesh, records)
+    if args.save and jax.process_index() == 0:
+        np.savez(args.save, **{name: a.view(np.uint8) for name, a in outputs.items()})
     print(f"{jax.devices()[0].platform}, backend {jm.get_backend()}: TP={args.tp} "
-          f"DP={args.dp}, {cfg}")
+          f"DP={args.dp}, {jax.process_count()} process(es), {cfg}")
     print(f"decode step: median {np.median(times) * 1e3:.2f} ms over {len(times)} steps "
           f"(min {min(times) * 1e3:.2f} ms); collectives in the step: {collectives}")
     if args.check and not check_against_tp1(cfg, args, outputs, records):
