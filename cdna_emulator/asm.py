@@ -151,6 +151,9 @@ def _modifier(word: str) -> tuple[str, object]:
     return word, True
 
 
+_NO_OPERANDS = frozenset({"buffer_wbl2", "buffer_inv"})  # cache control: scope bits only
+
+
 def parse_instruction(text: str, line: int) -> ParsedInstruction:
     """Split one instruction line into mnemonic, operands and modifiers."""
     body = text.split(";", 1)[0].split("//", 1)[0].strip()
@@ -166,6 +169,11 @@ def parse_instruction(text: str, line: int) -> ParsedInstruction:
                     modifiers[m.group(1)] = int(m.group(2))
                 else:
                     modifiers["raw"] = int(word, 0)
+            return ParsedInstruction(mnemonic, (), modifiers, text, line)
+        if mnemonic in _NO_OPERANDS:  # only modifiers: "buffer_wbl2 sc1"
+            for word in _split_words(rest):
+                name, value = _modifier(word)
+                modifiers[name] = value
             return ParsedInstruction(mnemonic, (), modifiers, text, line)
         if mnemonic.startswith("s_setreg") or mnemonic.startswith("s_getreg"):
             parts = [p.strip() for p in _split_top(rest)]

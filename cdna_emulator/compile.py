@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import (
+    atomics,
     control,
     defined,
     lds_ops,
@@ -83,6 +84,12 @@ def _build(ctx, pi, labels, pc):
     name = pi.mnemonic
     if name.startswith("s_"):
         return _build_scalar(ctx, pi, labels, pc)
+    if name.startswith("global_atomic_"):
+        run, info = atomics.build_global_atomic(ctx, pi, name)
+        return run, info, NORMAL, "global_store"
+    if name in atomics.CACHE_CONTROL:
+        run, info = atomics.build_cache_control(ctx, pi, name)
+        return run, info, NORMAL, "global_store"
     if name.startswith("global_"):
         run, info = memory_ops.build_global(ctx, pi, name)
         return run, info, NORMAL, "global_load" if "_load" in name else "global_store"

@@ -19,11 +19,13 @@ from .machine import FULL, bits_to_mask, mask_to_bits
 
 
 def lane_defined(m, w, vregs, sregs):
-    """bool ``[n, 64]``: every source lane defined (SGPR sources: all 32 bits)."""
+    """bool ``[n, 64]``: every source lane defined (SGPR sources: all 32 bits). A new array,
+    never a view of ``m.vdef``: the caller runs the instruction, which may overwrite a source
+    (``v_pk_fma_f32 v[148:149], v[52:53], v[148:149], ...``), before it applies this."""
     d = None
     for r in vregs:
         if r in m.v_undef:
-            d = m.vdef[r][w] if d is None else d & m.vdef[r][w]
+            d = m.vdef[r][w].copy() if d is None else d & m.vdef[r][w]
     for r in sregs:
         if r in m.s_undef:
             col = (m.sdef[r][w] == FULL)[:, None]

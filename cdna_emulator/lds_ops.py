@@ -1,5 +1,6 @@
 """LDS (DS) instructions: reads, writes, the two-address forms, and the cross-lane
-``ds_bpermute_b32`` / ``ds_swizzle_b32`` that use the LDS unit without touching LDS memory.
+``ds_bpermute_b32`` / ``ds_permute_b32`` / ``ds_swizzle_b32`` that use the LDS unit without
+touching LDS memory.
 
 Addresses (CDNA4 ISA pseudocode, ``CalcDsAddr``): vA + ``offset`` (16-bit, bytes), summed
 in 32 bits (a negative vA plus the offset wraps to a valid address, as LLVM assumes); the
@@ -162,6 +163,8 @@ def build_ds(ctx, pi, base):
         return _build_pair(ctx, pi, base)
     if base == "ds_bpermute_b32":
         return _build_bpermute(ctx, pi)
+    if base == "ds_permute_b32":
+        return _build_permute(ctx, pi)
     if base == "ds_swizzle_b32":
         return _build_swizzle(ctx, pi)
     if base == "ds_read_b64_tr_b16":
@@ -270,9 +273,11 @@ def _build_pair(ctx, pi, base):
         range(srcs[1], srcs[1] + per)), ssrc=set(), vdst=set(), sdst=set(), memory="lds")
 
 
-def _build_bpermute(ctx, pi):
-    """ds_bpermute_b32 vD, vAddr, vData [offset:N]: lane i reads lane ((vAddr+N)/4) % 64 of
-    vData if that lane is active in EXEC, else 0 (ISA pseudocode)."""
+def _build_lane_move(ctx, pi, sources):
+    """The cross-lane moves ``ds_bpermute_b32`` / ``ds_permute_b32 vD, vAddr, vData
+    [offset:N]``: ``sources(m, w, lanes)`` maps each lane's ``lanes = ((vAddr+N)/4) % 64``
+    (int64 [n, 64]) to ``(got, src)``: whether the lane receives a value and from which lane
+    of vData; a lane that receives none gets 0. Definedness moves with the value."""
     mods = dict(pi.modifiers)
     check_fields(ctx, mods, {"offset"})
     offset = int(mods.get("offset", 0))
@@ -283,18 +288,43 @@ def _build_bpermute(ctx, pi):
     def run(m, w):
         _require_addr(m, w, inst, addr)
         lanes = ((m.v[addr][w].astype(I64) + offset) // 4) % 64
+        got, src = sources(m, w, lanes)
         rows = np.arange(lanes.shape[0])[:, None]
-        src_active = m.exec[w][rows, lanes]
-        vals = np.where(src_active, m.v[data][w][rows, lanes], U32(0))
+        vals = np.where(got, m.v[data][w][rows, src], U32(0))
         dsrc = None
         if m.check_undefined and data in m.v_undef:
-            dsrc = np.where(src_active, m.vdef[data][w][rows, lanes], True)
+            dsrc = np.where(got, m.vdef[data][w][rows, src], True)
         m.write_v(w, dst, vals)
         if dsrc is not None:
             m.write_v_def(w, dst, dsrc)
         waitcnt.issue(m, w, inst, "lgkm", vregs=(dst,))
     return run, dict(vsrc={addr, data}, ssrc=set(), vdst={dst}, sdst=set(), memory="lds",
                      cross_lane=True)
+
+
+def _build_bpermute(ctx, pi):
+    """ds_bpermute_b32 (backward permute): lane i reads lane ((vAddr+N)/4) % 64 of vData if
+    that lane is active in EXEC, else 0 (ISA pseudocode)."""
+    def pull(m, w, lanes):
+        return m.exec[w][np.arange(lanes.shape[0])[:, None], lanes], lanes
+    return _build_lane_move(ctx, pi, pull)
+
+
+def _build_permute(ctx, pi):
+    """ds_permute_b32 (forward permute): each active lane i sends vData to lane
+    ((vAddr+N)/4) % 64; where several send to one lane the highest-numbered source wins; an
+    active lane nobody sends to gets 0 (CDNA4 ISA guide, "Data Share Operations",
+    DS_PERMUTE_B32 pseudocode: ``tmp[i] = 0`` for all lanes, ``if EXEC[i]: tmp[dst_lane] =
+    VGPR[i][DATA0]`` in lane order, then ``if EXEC[i]: VGPR[i][VDST] = tmp[i]``). Triton's
+    claim kernel (write_cache) moves its slot vector with it."""
+    def push(m, w, lanes):
+        active = m.exec[w]
+        rows = np.broadcast_to(np.arange(active.shape[0])[:, None], active.shape)
+        winner = np.full(active.shape, -1, I64)  # per destination lane: its source lane
+        np.maximum.at(winner, (rows[active], lanes[active]),
+                      np.broadcast_to(np.arange(64), active.shape)[active])
+        return winner >= 0, np.maximum(winner, 0)
+    return _build_lane_move(ctx, pi, push)
 
 
 def _build_read_tr_b16(ctx, pi):

@@ -85,6 +85,8 @@ class Machine:
         self.sdef = np.zeros((SGPR_FILE, waves), np.uint32) if self.check_undefined else None
         self.scc_def = np.zeros(waves, bool)
         self.v_undef: set[int] = set(range(vgprs)) if self.check_undefined else set()
+        # per 16-bit half, where a word write left one half of a lane defined (half_defined)
+        self.vhalf: dict[int, np.ndarray] = {}
         self.s_undef: set[int] = set(range(SGPR_FILE)) if self.check_undefined else set()
         self.lds_def = (np.zeros_like(self.lds, dtype=bool) if self.check_undefined else None)
         self.scratch_def = (np.zeros_like(self.scratch, dtype=bool)
@@ -163,10 +165,48 @@ class Machine:
             np.copyto(plane, defined, where=m)
         else:
             plane[w] = np.where(m, defined, plane[w])
+        self.forget_halves(w, r, m)
         if plane.all():
             self.v_undef.discard(r)
         else:
             self.v_undef.add(r)
+
+    # Per-half definedness. ``vdef`` is per lane; a word write (``v_cvt_pk_fp8_f32`` with its
+    # destination-word select keeps the other 16 bits) can leave one half of a lane defined
+    # and the other not, and a later word write of the other half, or a read of the defined
+    # half alone, must see that. ``vhalf[r]`` (uint8 [W, 64]: bit 0 the low half defined, bit
+    # 1 the high half) holds it where ``vdef[r]`` is False; every path that makes a lane of
+    # ``vdef`` False (write_v_def, forget_halves) clears the lane's bits first, so stale bits
+    # never count (the other paths only make lanes defined, which overrides them).
+    def forget_halves(self, w, r: int, lanes=None) -> None:
+        """Drop the half bits of VGPR r's ``lanes`` (bool [n, 64]; None: all) of waves w."""
+        codes = self.vhalf.get(r)
+        if codes is None:
+            return
+        if lanes is None:
+            codes[w] = 0
+        else:
+            codes[w] = np.where(lanes, np.uint8(0), codes[w])
+
+    def half_defined(self, w, r: int, half: int) -> np.ndarray:
+        """bool [n, 64] (a new array): whether bits ``16*half .. 16*half+15`` of VGPR r are
+        defined in each lane of waves w."""
+        d = self.vdef[r][w].copy()
+        codes = self.vhalf.get(r)
+        if codes is not None:
+            d |= ((codes[w] >> np.uint8(half)) & np.uint8(1)).astype(bool)
+        return d
+
+    def write_half_def(self, w, r: int, lo, hi) -> None:
+        """Definedness of VGPR r's active lanes after a word write: ``lo`` / ``hi`` (bool
+        [n, 64]) for its low and high 16 bits."""
+        lo, hi = np.broadcast_to(lo, self.exec[w].shape), np.broadcast_to(hi, self.exec[w].shape)
+        self.write_v_def(w, r, lo & hi)
+        if (lo & hi).all() and r not in self.vhalf:
+            return
+        codes = self.vhalf.setdefault(r, np.zeros(self.vdef.shape[1:], np.uint8))
+        bits = lo.astype(np.uint8) | (hi.astype(np.uint8) << np.uint8(1))
+        codes[w] = np.where(self.exec[w], bits, codes[w])
 
     # ---- SGPR writes -------------------------------------------------------------------------
     def write_s(self, w, r: int, value, defined=None) -> None:

@@ -11,6 +11,7 @@ scatters over the active lanes of all selected waves.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
 
 import numpy as np
@@ -22,10 +23,31 @@ class Region:
     view: np.ndarray  # 1-D uint8
     writable: bool
     name: str
+    keep: tuple = ()  # merged regions whose views keep the host memory alive
 
     @property
     def end(self) -> int:
         return self.start + self.view.size
+
+
+def _host_offset(region: Region) -> int:
+    """Host address of the region's first byte minus its emulated address: equal for two
+    regions exactly when they show the same host bytes at the same emulated addresses."""
+    return region.view.__array_interface__["data"][0] - region.start
+
+
+def _merged(regions: list[Region]) -> Region:
+    """One read-only region over the union of overlapping read-only ``regions`` that show
+    the same host memory (see :func:`_host_offset`): a window onto that memory spanning them
+    all (their union is one range, each byte of it in one of their views)."""
+    start = min(r.start for r in regions)
+    end = max(r.end for r in regions)
+    first = min(regions, key=lambda r: r.start)
+    host = first.view.__array_interface__["data"][0]
+    view = np.ctypeslib.as_array((ctypes.c_uint8 * (end - start)).from_address(host))
+    view.flags.writeable = False
+    return Region(start, view, False, " = ".join(r.name for r in regions),
+                  keep=tuple(regions))
 
 
 class AccessError(Exception):
@@ -49,7 +71,11 @@ class Memory:
 
     def map(self, address: int, view: np.ndarray, writable: bool = True,
             name: str = "") -> Region:
-        """Map ``view`` (1-D uint8, contiguous) at ``address``; regions may not overlap."""
+        """Map ``view`` (1-D uint8, contiguous) at ``address``. Regions may not overlap, with
+        one exception: read-only regions that are windows onto the same host memory at the
+        same addresses (one array passed as two read-only operands, ``k_pool`` and
+        ``v_pool``) merge into one read-only region. An overlap involving a writable region,
+        or read-only regions over different memory, is refused (ValueError)."""
         view = np.asarray(view)
         if view.dtype != np.uint8 or view.ndim != 1:
             raise TypeError(f"{name or 'view'}: map a 1-D uint8 array, got {view.dtype} "
@@ -62,13 +88,19 @@ class Memory:
         if address < 0 or address + view.size > 2**64:
             raise ValueError(f"{name}: address {address:#x} out of the 64-bit range")
         region = Region(address, view, writable, name or f"region{len(self.regions)}")
-        for other in self.regions:
-            if address < other.end and other.start < region.end and view.size:
+        overlapping = [o for o in self.regions
+                       if address < o.end and o.start < region.end and view.size]
+        for other in overlapping:
+            if writable or other.writable or _host_offset(other) != _host_offset(region):
                 raise ValueError(f"{region.name} [{address:#x}, {region.end:#x}) overlaps "
                                  f"{other.name} [{other.start:#x}, {other.end:#x})")
-        i = bisect.bisect(self._starts, address)
+        if overlapping:
+            for other in overlapping:
+                self.unmap(other)
+            region = _merged([*overlapping, region])
+        i = bisect.bisect(self._starts, region.start)
         self.regions.insert(i, region)
-        self._starts.insert(i, address)
+        self._starts.insert(i, region.start)
         return region
 
     def unmap(self, region: Region) -> None:

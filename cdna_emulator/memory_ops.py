@@ -75,6 +75,25 @@ def _dword_regs(size):
     return max(1, size // 4)
 
 
+def global_address(ctx, vaddr_op, saddr_op, offset: int):
+    """``(address(m, w) -> uint64 [n, 64], VGPRs read, SGPRs read)`` of a global access: a
+    VGPR-pair address (``saddr`` ``off``) or an SGPR-pair base plus a 32-bit VGPR offset,
+    plus the instruction's ``offset``."""
+    if saddr_op.kind == "off":
+        va = ctx.vreg(vaddr_op, 2)
+
+        def address(m, w):
+            return (m.v[va][w].astype(U64) | (m.v[va + 1][w].astype(U64) << U64(32))) + \
+                U64(offset & (2**64 - 1))
+        return address, {va, va + 1}, set()
+    vo = ctx.vreg(vaddr_op, 1)
+    sbase = scalar_reader_64(ctx, saddr_op)
+
+    def address(m, w):
+        return sbase(m, w)[:, None] + m.v[vo][w].astype(U64) + U64(offset & (2**64 - 1))
+    return address, {vo}, set(saddr_op.regs())
+
+
 def build_global(ctx, pi, base):
     """global_load_* / global_store_*."""
     kind, _, suffix = base.partition("_")[2].partition("_")
@@ -94,22 +113,8 @@ def build_global(ctx, pi, base):
     ops = pi.operands
     vdata_op, vaddr_op, saddr_op = (ops[0], ops[1], ops[2]) if is_load else (ops[1], ops[0],
                                                                               ops[2])
-    offset = int(mods.get("offset", 0))
     inst = ctx.inst
-    if saddr_op.kind == "off":
-        va = ctx.vreg(vaddr_op, 2)
-        addr_v, addr_s = {va, va + 1}, set()
-
-        def address(m, w):
-            return (m.v[va][w].astype(U64) | (m.v[va + 1][w].astype(U64) << U64(32))) + \
-                U64(offset & (2**64 - 1))
-    else:
-        vo = ctx.vreg(vaddr_op, 1)
-        sbase = scalar_reader_64(ctx, saddr_op)
-        addr_v, addr_s = {vo}, set(saddr_op.regs())
-
-        def address(m, w):
-            return sbase(m, w)[:, None] + m.v[vo][w].astype(U64) + U64(offset & (2**64 - 1))
+    address, addr_v, addr_s = global_address(ctx, vaddr_op, saddr_op, int(mods.get("offset", 0)))
     nregs = _dword_regs(size)
     data_reg = ctx.vreg(vdata_op, nregs)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
+from .defined import lane_defined, set_vdef
 from .sources import registers_read
 from .valu import check_modifiers, make_dest, make_source
 
@@ -68,7 +69,18 @@ def build_cvt_pk_fp8(ctx, pi, base, enc):
         word = nx.f32_to_fp8(a, fmt, sat) | (nx.f32_to_fp8(b, fmt, sat) << U32(8))
         write(m, w, (m.v[d][w] & keep) | (word.astype(U32) << shift))
     vs, ss = registers_read(ctx, (*ops[1:], ops[0]))
-    return run, dict(vsrc=vs, ssrc=ss, vdst=set(dregs), sdst=set())
+    src_vs, src_ss = registers_read(ctx, ops[1:])
+
+    def defined(m, w, run_):
+        """Per half: the written word is defined where its sources are, the kept word keeps
+        its own definedness (Triton's gfx950 attention writes v48's low word from the query,
+        then its high word from other registers, and reads the low word back)."""
+        new = lane_defined(m, w, src_vs, src_ss)
+        new = np.ones(m.exec[w].shape, bool) if new is None else new
+        kept = m.half_defined(w, d, 0 if high_word else 1)
+        run_(m, w)
+        m.write_half_def(w, d, *((kept, new) if high_word else (new, kept)))
+    return run, dict(vsrc=vs, ssrc=ss, vdst=set(dregs), sdst=set(), special=defined)
 
 
 UP_CONVERSIONS = {
@@ -128,8 +140,22 @@ def build_cvt_scale_up(ctx, pi, base, enc):
             halves = [np.asarray(narrow(v.astype(np.float32)), U32) for v in vals]
             m.write_v(w, d, halves[0] | (halves[1] << U32(16)))
     vs, ss = registers_read(ctx, ops[1:3])
-    return run, dict(vsrc=vs, ssrc=ss, vdst=set(range(d, d + (2 if wide else 1))),
-                     sdst=set())
+    scale_vs, scale_ss = registers_read(ctx, ops[2:3])
+    dsts = range(d, d + (2 if wide else 1))
+
+    def defined(m, w, run_):
+        """The result is defined where the scale and the 16-bit half of the source holding
+        the selected codes are (a word write may have left the other half undefined)."""
+        ok = lane_defined(m, w, scale_vs, scale_ss)
+        ok = np.ones(m.exec[w].shape, bool) if ok is None else ok
+        if ops[1].kind in ("v", "a"):
+            ok = ok & m.half_defined(w, ctx.vreg(ops[1], 1), offset // 16)
+        else:
+            src = lane_defined(m, w, *registers_read(ctx, ops[1:2]))
+            ok = ok if src is None else ok & src
+        run_(m, w)
+        set_vdef(m, w, dsts, ok)
+    return run, dict(vsrc=vs, ssrc=ss, vdst=set(dsts), sdst=set(), special=defined)
 
 
 def build_cvt_f32_fp8(ctx, pi, base, enc):

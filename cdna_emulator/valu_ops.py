@@ -202,6 +202,17 @@ def _f16(x):
 
 
 # name -> (result type, source types, function)
+_LANE = np.arange(64, dtype=U64)
+
+
+def _mbcnt(half: int):
+    """V_MBCNT_LO/HI_U32_B32 (CDNA4 ISA pseudocode): ``ThreadMask = (1 << laneId) - 1;
+    MaskedValue = S0.u32 & ThreadMask[31:0]`` (LO) or ``ThreadMask[63:32]`` (HI); ``D0 = S1 +
+    popcount(MaskedValue)``: the set bits of the mask's half below this lane, plus S1."""
+    mask = (((U64(1) << _LANE) - U64(1)) >> U64(32 * half)) & U64(0xFFFFFFFF)
+    return lambda a, b: np.bitwise_count(_u64(a) & mask).astype(U64) + _u64(b)
+
+
 OPS = {
     # moves
     "v_mov_b32": ("b32", ("b32",), lambda a: a),
@@ -264,6 +275,8 @@ OPS = {
     "v_subrev_u32": ("u32", ("u32", "u32"), lambda a, b: _i64(b) - _i64(a)),
     "v_add3_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: _u64(a) + _u64(b) + _u64(c)),
     "v_xad_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: _u64(a ^ b) + _u64(c)),
+    "v_mbcnt_lo_u32_b32": ("u32", ("u32", "u32"), _mbcnt(0)),
+    "v_mbcnt_hi_u32_b32": ("u32", ("u32", "u32"), _mbcnt(1)),
     "v_and_b32": ("b32", ("b32", "b32"), lambda a, b: a & b),
     "v_or_b32": ("b32", ("b32", "b32"), lambda a, b: a | b),
     "v_xor_b32": ("b32", ("b32", "b32"), lambda a, b: a ^ b),

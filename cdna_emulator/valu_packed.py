@@ -35,6 +35,17 @@ PK_16 = {
     "v_pk_min_u16": (2, "u16", np.minimum),
     "v_pk_add_u16": (2, "u16", lambda a, b: (a + b) & U32(0xFFFF)),
     "v_pk_mul_lo_u16": (2, "u16", lambda a, b: (a * b) & U32(0xFFFF)),
+    # AMD CDNA4 ISA guide, "Instructions" chapter, VOP3P opcodes 4-6 (the CDNA3 guide has
+    # the same three), V_PK_LSHLREV_B16: "tmp[31:16].u16 = (S1[31:16].u16 << S0.u32[19:16]);
+    # tmp[15:0].u16 = (S1[15:0].u16 << S0.u32[3:0])" (pseudocode as tinygrad extracts it,
+    # autogen/amd/cdna/str_pcode.py): each half of S1 shifted by the low 4 bits of the same
+    # half of S0, the halves as op_sel / op_sel_hi select them. Triton's gfx942/gfx950 index
+    # kernel (a bf16 query) shifts bytes into place with it.
+    "v_pk_lshlrev_b16": (2, "u16", lambda a, b: (b << (a & U32(15))) & U32(0xFFFF)),
+    "v_pk_lshrrev_b16": (2, "u16", lambda a, b: b >> (a & U32(15))),
+    "v_pk_ashrrev_i16": (2, "u16", lambda a, b: (
+        b.astype(np.uint16).view(np.int16) >> (a & U32(15)).astype(np.int16)).view(
+        np.uint16).astype(U32)),
 }
 VOP3P_MODS = ("op_sel", "op_sel_hi", "neg_lo", "neg_hi", "clamp")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
-from .defined import lane_defined, mask_defined
+from .defined import lane_defined, mask_defined, set_mask_def, set_vdef
 from .machine import bits_to_mask, mask_to_bits
 from .operands import VCC
 from .sources import registers_read, scalar_reader_32, vector_reader_32, vector_reader_64
@@ -155,8 +155,22 @@ def build_mad64(ctx, pi, base, enc):
         write(m, w, low)
         _write_mask(m, w, s, low < prod)
     vs, ss = registers_read(ctx, ops[2:5], [1, 1, 2])
+    lo_vs, lo_ss = registers_read(ctx, ops[2:5], [1, 1, 1])
+
+    def defined(m, w, run_):
+        """Per dword: ``D[31:0] = (S0 * S1 + S2[31:0]) mod 2**32`` (a carry moves only up),
+        so the low dword is defined when S0, S1 and S2's low dword are; the high dword and
+        the carry need all of S2. LLVM's 64 x 32-bit multiply adds the high partial product
+        into a pair whose high dword it never wrote and keeps only the low dword
+        (``v_mad_u64_u32 v[18:19], s[18:19], v9, s24, v[18:19]`` in Triton's select_blocks)."""
+        d_lo = lane_defined(m, w, lo_vs, lo_ss)
+        d_all = lane_defined(m, w, vs, ss)
+        run_(m, w)
+        set_vdef(m, w, dregs[:1], d_lo)
+        set_vdef(m, w, dregs[1:], d_all)
+        set_mask_def(m, w, {s, s + 1}, d_all)
     return (run if signed else run_fast), dict(vsrc=vs, ssrc=ss, vdst=set(dregs),
-                                               sdst={s, s + 1})
+                                               sdst={s, s + 1}, special=defined)
 
 
 def build_div_scale(ctx, pi, base, enc):
@@ -293,6 +307,8 @@ def build_permlane_swap(ctx, pi, base, enc):
         m.v[s][w] = new_s
         m.v[d][w] = new_d
         if m.check_undefined:
+            m.forget_halves(w, d)
+            m.forget_halves(w, s)
             dd, ds = m.vdef[d][w], m.vdef[s][w]
             m.vdef[s][w] = np.where(upper[None, :], ds, dd[:, partner])
             m.vdef[d][w] = np.where(upper[None, :], ds[:, partner], dd)
