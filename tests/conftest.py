@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import jax
 import ml_dtypes
 import numpy as np
-import pytest
-
-try:
-    import jax_mxfp4  # noqa: F401
-except ImportError:  # a source checkout that is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import oracle
+import pytest
+from installed import installed_package_problems
 
 import jax_mxfp4 as jm
+
+if os.environ.get("JAX_MXFP4_TEST_INSTALLED") == "1":  # make test (CI): the wheel, not sources
+    import cdna_emulator
+
+    _problems = installed_package_problems((jm, cdna_emulator), sys.path)
+    assert not _problems, "make test must test the installed wheel: " + "; ".join(_problems)
 
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn

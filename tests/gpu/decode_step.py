@@ -19,8 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 import jax_mxfp4 as jm
 from jax_mxfp4.gpu import launch
 
