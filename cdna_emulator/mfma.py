@@ -177,7 +177,8 @@ class Mfma:
                                                               self.scaled, mods)
         if any(tuple(mods.pop("op_sel", ())) + tuple(mods.pop("op_sel_hi", ()))):
             raise ctx.fail(f"{name}: op_sel/op_sel_hi scale-byte selects are not modelled")
-        mods.pop("abid", None)
+        if int(mods.pop("abid", 0)):  # an A-block broadcast select: not modelled, refused
+            raise ctx.fail(f"{name}: abid broadcast controls are not modelled")
         if mods:
             raise ctx.fail(f"{name}: modifier(s) {sorted(mods)} are not modelled")
         ops = pi.operands

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from snippets import as_f32, f32_bits, run_snippet
 
+from cdna_emulator import EmulatorFault
+
 FP8 = {"gfx950": ml_dtypes.float8_e4m3fn, "gfx942": ml_dtypes.float8_e4m3fnuz}
 
 
@@ -263,6 +265,19 @@ def test_scale_from_an_inline_constant_uses_the_exponent_field(rng):
     got = run_mfma("v_mfma_scale_f32_16x16x128_f8f6f4 {d}, {a}, {b}, 0, 2.0, 0.5 cbsz:4",
                    a_regs, b_regs, c_regs)
     np.testing.assert_array_equal(got[0], (a[0] @ b[0]).astype(np.float32))
+
+
+@pytest.mark.parametrize("instruction", [
+    "v_mfma_scale_f32_16x16x128_f8f6f4 {d}, {a}, {b}, 0, 1.0, 1.0 cbsz:4 abid:1",
+    "v_mfma_f32_16x16x128_f8f6f4 {d}, {a}, {b}, 0 cbsz:4 abid:2",
+])
+def test_an_abid_broadcast_is_refused_not_dropped(instruction):
+    """``abid`` selects which A block a broadcast uses; the emulator does not model it, so a
+    nonzero one is a fault (it used to be dropped: the MFMA ran as if abid were 0). Issue 46;
+    mutation check: the old ``mods.pop("abid", None)`` made this fail."""
+    regs = np.zeros((1, 8, 64), np.uint32)
+    with pytest.raises(EmulatorFault, match="abid"):
+        run_mfma(instruction, regs[:, :4], regs, np.zeros((1, 4, 64), np.uint32))
 
 
 def test_mfma_writes_accumulation_registers():
