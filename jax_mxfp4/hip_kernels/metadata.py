@@ -32,6 +32,21 @@ def _sections(elf: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
+def section_named(elf: bytes, name: str) -> bytes | None:
+    """The contents of the ELF64 section called ``name`` (``".text"``), or ``None``."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise MetadataError("not a little-endian ELF64 file")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names = headers[shstrndx][4]  # the section-name string table's file offset
+    wanted = name.encode() + b"\0"
+    for name_offset, _, _, _, offset, size in headers:
+        if elf[names + name_offset : names + name_offset + len(wanted)] == wanted:
+            return elf[offset : offset + size]
+    return None
+
+
 def metadata_note(elf: bytes) -> bytes:
     """The MessagePack payload of the AMDGPU metadata note."""
     for sh_type, offset, size in _sections(elf):
