@@ -35,6 +35,9 @@ used; other sizes now build their FlyDSL kernels on demand, so more tests run th
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import numpy as np
 import oracle
 import pytest
@@ -240,3 +243,134 @@ def test_large_values_split_and_merge(built, rng):
     got = run_split(built, case, "bf16", 2, "bf16")
     assert np.isfinite(got.astype(np.float32)).all(), "merged output not finite"
     assert_close(got, want)
+
+
+# ---- cases that single-instruction mutants need (issue 46) -------------------------------------
+#
+# Issue 46 found two wrong kernels that passed every test above: one scaled MFMA's scale
+# operands swapped in the prefill scorer (wrong only where a row reaches the last tokens of
+# long, fully live contexts) and one context-mask compare turned from gt to ge in attention
+# (wrong at contexts 4, 8, 12, 64-76, 132-140, 192-204). The cases below reach both, and the
+# ``fuzz``-marked tests show they kill those mutants: each mutant is the real kernel's text
+# with one instruction changed, run in the emulator. Measured: every one of the 32 scale
+# swaps of the prefill scorer, for 1 and 2 index heads, and every gt->ge compare of the
+# direct attention kernel that changes an output, for both query dtypes, is caught. A
+# 6-page context let 2 of the 32 swaps through (the last MFMA of a 4-page step).
+
+SWEEP = np.arange(260, dtype=np.int32).reshape(130, 2)
+"""Contexts 0-259 (rows x 2 kv heads): every length up to two pages and past them, where a
+mask compare's off-by-one shows (issue 46 saw 4, 8, 12, 64-76, 132-140, 192-204)."""
+EQUIVALENCE = np.ascontiguousarray(np.arange(260, dtype=np.int32)[::-1].reshape(130, 2))
+"""The same lengths on the other kv head, with other data: a mutant giving the same outputs
+here as the kernel is taken as equivalent (the exhaustive comparison issue 46 asks for)."""
+
+
+def prefill_spec(heads: int, q: str = "bf16") -> abi.Specialization:
+    return abi.Specialization("index_scores", q=q, heads=heads, tiling="prefill")
+
+
+LONG = 1024  # tokens: 8 fully live pages
+
+
+def long_prefill_case(rng, heads: int):
+    """One request's prefill tile of rows at the end of a context of :data:`LONG` tokens whose
+    pages are all fully live (the last rows see every token of every block), next to a second
+    request with a short prefix: the FlyDSL prefill tiling (a request with a tile of rows)."""
+    rows = abi.index_scores_tile(prefill_spec(heads))[0]
+    return prefill_index_case(rng, [rows, 5], [LONG - rows, 3], num_rows=rows + 8,
+                              num_heads=heads, num_blocks=LONG // 128,
+                              table_width=LONG // 128, num_pages=LONG // 128 + 4,
+                              q_dtype="bf16", scale_lo=100, scale_hi=150)
+
+
+def _on_demand(built, spec):
+    from jax_mxfp4.hip_kernels.code_object import code_object
+
+    return built[1].get(spec.symbol) or code_object(spec, arch="gfx950")
+
+
+def _index_wrong(built, spec, case, co) -> bool:
+    """Whether code object ``co`` (``spec``'s) scores ``case`` other than the oracle's bits."""
+    got, _ = run_index_scores((built[0], {spec.symbol: co}), spec, case)
+    want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE)
+    return not oracle.bits_equal(got, want).all()
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_index_scores_prefill_tiling_over_long_fully_live_contexts(built, rng, heads):
+    spec = prefill_spec(heads)
+    case = long_prefill_case(rng, heads)
+    assert not _index_wrong(built, spec, case, _on_demand(built, spec))
+
+
+def _attention_wrong(built, case, co) -> bool:
+    spec = co.spec
+    got = run_direct((built[0], {spec.symbol: co}), case, spec.q, "bf16")
+    want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+    return not oracle.attention_close(got, want)[0] or np.isnan(got.astype(np.float32)).any()
+
+
+@pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
+def test_sparse_attention_context_sweep(built, rng, q_dtype):
+    """Every context 0-259 (:data:`SWEEP`), direct kernel, against the oracle."""
+    case = attention_case(rng, SWEEP, group=16, q_dtype=q_dtype, n_pages=3)
+    spec = abi.Specialization("sparse_attention", q=q_dtype, group=16, output="bf16",
+                              path="direct")
+    assert not _attention_wrong(built, case, built[1][spec.symbol])
+
+
+def mutants(isa: str, pattern: str, replace):
+    """``(line number, mutant text)`` for every line of ``isa`` matching ``pattern``, that line
+    rewritten by ``replace(line)`` (one mutant per line)."""
+    lines = isa.split("\n")
+    for i, line in enumerate(lines):
+        if re.search(pattern, line):
+            yield i + 1, "\n".join([*lines[:i], replace(line), *lines[i + 1:]])
+
+
+_SCALED = re.compile(r"^(\s*v_mfma_scale\S*\s+(?:[^,]+,\s*){4})([^,\s]+)(,\s*)([^,\s]+)(.*)$")
+
+
+def _swap_scales(line: str) -> str:
+    """``v_mfma_scale_... D, A, B, C, scale_a, scale_b [modifiers]`` with the scales swapped."""
+    m = _SCALED.match(line)
+    assert m, line
+    return f"{m.group(1)}{m.group(4)}{m.group(3)}{m.group(2)}{m.group(5)}"
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("heads", [1, 2])
+def test_every_scale_swap_of_the_prefill_scorer_is_caught(built, rng, heads):
+    """Each of the prefill scorer's scaled MFMAs with its two scale operands swapped: the
+    long fully-live prefill case must score it wrong (every such mutant changes some output:
+    the key scales and the query's differ)."""
+    spec = prefill_spec(heads)
+    co = _on_demand(built, spec)
+    case = long_prefill_case(rng, heads)
+    survivors = [line for line, text in mutants(co.isa, r"^\s*v_mfma_scale", _swap_scales)
+                 if not _index_wrong(built, spec, case, dataclasses.replace(co, isa=text))]
+    assert survivors == [], f"scale swaps not caught at lines {survivors}"
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
+def test_every_gt_to_ge_compare_of_the_attention_kernel_is_caught_or_equivalent(built, rng,
+                                                                                  q_dtype):
+    """Each signed gt compare of the direct attention kernel turned into ge: the context
+    sweep must catch it, unless the mutant is equivalent, shown so by the kernel's own outputs,
+    bit for bit, over every context 0-259 on the other kv head with other data."""
+    spec = abi.Specialization("sparse_attention", q=q_dtype, group=16, output="bf16",
+                              path="direct")
+    co = built[1][spec.symbol]
+    case = attention_case(rng, SWEEP, group=16, q_dtype=q_dtype, n_pages=3)
+    every = attention_case(rng, EQUIVALENCE, group=16, q_dtype=q_dtype, n_pages=3)
+    base = run_direct((built[0], {spec.symbol: co}), every, q_dtype, "bf16")
+    survivors = []
+    for line, text in mutants(co.isa, r"^\s*v_cmp_gt_i32", lambda s: s.replace("_gt_", "_ge_")):
+        mutant = dataclasses.replace(co, isa=text)
+        if _attention_wrong(built, case, mutant):
+            continue
+        got = run_direct((built[0], {spec.symbol: mutant}), every, q_dtype, "bf16")
+        if not oracle.bits_equal(got, base).all():
+            survivors.append(line)
+    assert survivors == [], f"gt->ge mutants not caught at lines {survivors}"
