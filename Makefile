@@ -100,14 +100,16 @@ asan: $(VENV)/.installed-test
 # `make fuzz`: the long metadata fuzzing run (`pytest -m fuzz`: tests/test_fuzz.py, with
 # JAX_MXFP4_FUZZ_EXAMPLES examples per case, 400 by default), the emulated backends' API fuzz
 # (tests/test_emulated_fuzz.py: emulated-gfx950 with each gfx950_kernels choice and
-# emulated-gfx942, as many examples per case; several seconds each, so hours at 400) and the
-# boundary, edge and non-finite tests, all through the public API, against the CPU FFI
-# handlers built with AddressSanitizer as for `make asan` (an access outside a pool is
+# emulated-gfx942, as many examples per case; several seconds each, so hours at 400), the
+# single-instruction mutants of the FlyDSL kernels (tests/emulator/test_emulator_flydsl.py)
+# and the boundary, edge and non-finite tests, all through the public API, against the CPU
+# FFI handlers built with AddressSanitizer as for `make asan` (an access outside a pool is
 # reported where it happens).
 # --capture=sys: with pytest's default fd capture an ASan report goes to the capture file and
 # the run just exits 1, silently.
 FUZZ_TESTS := 'tests/test_fuzz.py', 'tests/test_checks.py', 'tests/test_edges.py', \
-	'tests/test_nonfinite.py', 'tests/test_metadata.py', 'tests/test_emulated_fuzz.py'
+	'tests/test_nonfinite.py', 'tests/test_metadata.py', 'tests/test_emulated_fuzz.py', \
+	'tests/emulator/test_emulator_flydsl.py'
 FUZZ_RUN := import glob, importlib.util, sys; \
 	path = glob.glob('$(ASAN_BUILD)/ffi/_ffi_cpu*.so')[0]; \
 	spec = importlib.util.spec_from_file_location('jax_mxfp4._ffi_cpu', path); \
