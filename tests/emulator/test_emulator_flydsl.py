@@ -252,10 +252,10 @@ def test_large_values_split_and_merge(built, rng):
 # long, fully live contexts) and one context-mask compare turned from gt to ge in attention
 # (wrong at contexts 4, 8, 12, 64-76, 132-140, 192-204). The cases below reach both, and the
 # ``fuzz``-marked tests show they kill those mutants: each mutant is the real kernel's text
-# with one instruction changed, run in the emulator. Measured: every one of the 32 scale
-# swaps of the prefill scorer, for 1 and 2 index heads, and every gt->ge compare of the
-# direct attention kernel that changes an output, for both query dtypes, is caught. A
-# 6-page context let 2 of the 32 swaps through (the last MFMA of a 4-page step).
+# with one instruction changed, run in the emulator: every scale swap of the scorers (prefill
+# and decode tilings, 1 and 2 index heads) and every output-changing gt->ge compare of the
+# attention kernels (direct and split, both query dtypes) is caught. A 6-page context let 2
+# of the prefill scorer's 32 swaps through (the last MFMA of a 4-page step).
 
 SWEEP = np.arange(260, dtype=np.int32).reshape(130, 2)
 """Contexts 0-259 (rows x 2 kv heads): every length up to two pages and past them, where a
@@ -265,22 +265,26 @@ EQUIVALENCE = np.ascontiguousarray(np.arange(260, dtype=np.int32)[::-1].reshape(
 here as the kernel is taken as equivalent (the exhaustive comparison issue 46 asks for)."""
 
 
-def prefill_spec(heads: int, q: str = "bf16") -> abi.Specialization:
-    return abi.Specialization("index_scores", q=q, heads=heads, tiling="prefill")
-
-
 LONG = 1024  # tokens: 8 fully live pages
 
 
-def long_prefill_case(rng, heads: int):
-    """One request's prefill tile of rows at the end of a context of :data:`LONG` tokens whose
-    pages are all fully live (the last rows see every token of every block), next to a second
-    request with a short prefix: the FlyDSL prefill tiling (a request with a tile of rows)."""
-    rows = abi.index_scores_tile(prefill_spec(heads))[0]
+def scorer_spec(heads: int, tiling: str) -> abi.Specialization:
+    return abi.Specialization("index_scores", q="bf16", heads=heads, tiling=tiling)
+
+
+def long_index_case(rng, heads: int, tiling: str):
+    """Rows at the end of contexts of :data:`LONG` tokens whose pages are all fully live (the
+    last rows see every token of every block). Prefill: one request's tile of rows (the FlyDSL
+    prefill tiling) next to a request with a short prefix; decode: 3 rows of each of 5
+    requests."""
+    kw = dict(num_heads=heads, num_blocks=LONG // 128, table_width=LONG // 128,
+              q_dtype="bf16", scale_lo=100, scale_hi=150)
+    if tiling == "decode":  # 15 rows: the 16 columns of a tile nearly full at H = 1
+        return decode_index_case(rng, [LONG, LONG - 1, LONG, LONG - 2, LONG], 3,
+                                 num_pages=5 * LONG // 128 + 2, **kw)
+    rows = abi.index_scores_tile(scorer_spec(heads, "prefill"))[0]
     return prefill_index_case(rng, [rows, 5], [LONG - rows, 3], num_rows=rows + 8,
-                              num_heads=heads, num_blocks=LONG // 128,
-                              table_width=LONG // 128, num_pages=LONG // 128 + 4,
-                              q_dtype="bf16", scale_lo=100, scale_hi=150)
+                              num_pages=LONG // 128 + 4, **kw)
 
 
 def _on_demand(built, spec):
@@ -296,27 +300,39 @@ def _index_wrong(built, spec, case, co) -> bool:
     return not oracle.bits_equal(got, want).all()
 
 
+@pytest.mark.parametrize("tiling", ["prefill", "decode"])
 @pytest.mark.parametrize("heads", [1, 2])
-def test_index_scores_prefill_tiling_over_long_fully_live_contexts(built, rng, heads):
-    spec = prefill_spec(heads)
-    case = long_prefill_case(rng, heads)
+def test_index_scores_over_long_fully_live_contexts(built, rng, heads, tiling):
+    spec = scorer_spec(heads, tiling)
+    case = long_index_case(rng, heads, tiling)
     assert not _index_wrong(built, spec, case, _on_demand(built, spec))
 
 
+def attention_spec(q_dtype: str, path: str) -> abi.Specialization:
+    return abi.Specialization("sparse_attention", q=q_dtype, group=16, output="bf16", path=path)
+
+
+def run_attention(built, case, co):
+    """bf16 output of attention code object ``co`` (direct, or split into 3 partitions and
+    merged by the built merge kernel) on ``case``."""
+    objects = {**built[1], co.spec.symbol: co}
+    if co.spec.path == "direct":
+        return run_direct((built[0], objects), case, co.spec.q, "bf16")
+    return run_split((built[0], objects), case, co.spec.q, 3, "bf16")
+
+
 def _attention_wrong(built, case, co) -> bool:
-    spec = co.spec
-    got = run_direct((built[0], {spec.symbol: co}), case, spec.q, "bf16")
+    got = run_attention(built, case, co)
     want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
     return not oracle.attention_close(got, want)[0] or np.isnan(got.astype(np.float32)).any()
 
 
+@pytest.mark.parametrize("path", ["direct", "split"])
 @pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
-def test_sparse_attention_context_sweep(built, rng, q_dtype):
-    """Every context 0-259 (:data:`SWEEP`), direct kernel, against the oracle."""
+def test_sparse_attention_context_sweep(built, rng, q_dtype, path):
+    """Every context 0-259 (:data:`SWEEP`), against the oracle."""
     case = attention_case(rng, SWEEP, group=16, q_dtype=q_dtype, n_pages=3)
-    spec = abi.Specialization("sparse_attention", q=q_dtype, group=16, output="bf16",
-                              path="direct")
-    assert not _attention_wrong(built, case, built[1][spec.symbol])
+    assert not _attention_wrong(built, case, built[1][attention_spec(q_dtype, path).symbol])
 
 
 def mutants(isa: str, pattern: str, replace):
@@ -339,38 +355,38 @@ def _swap_scales(line: str) -> str:
 
 
 @pytest.mark.fuzz
+@pytest.mark.parametrize("tiling", ["prefill", "decode"])
 @pytest.mark.parametrize("heads", [1, 2])
-def test_every_scale_swap_of_the_prefill_scorer_is_caught(built, rng, heads):
-    """Each of the prefill scorer's scaled MFMAs with its two scale operands swapped: the
-    long fully-live prefill case must score it wrong (every such mutant changes some output:
-    the key scales and the query's differ)."""
-    spec = prefill_spec(heads)
+def test_every_scale_swap_of_the_scorers_is_caught(built, rng, heads, tiling):
+    """Each of the scorer's scaled MFMAs with its two scale operands swapped: the long
+    fully-live case must score it wrong (every such mutant changes some output: the key
+    scales and the query's differ)."""
+    spec = scorer_spec(heads, tiling)
     co = _on_demand(built, spec)
-    case = long_prefill_case(rng, heads)
-    survivors = [line for line, text in mutants(co.isa, r"^\s*v_mfma_scale", _swap_scales)
+    case = long_index_case(rng, heads, tiling)
+    swaps = list(mutants(co.isa, r"^\s*v_mfma_scale", _swap_scales))
+    survivors = [line for line, text in swaps
                  if not _index_wrong(built, spec, case, dataclasses.replace(co, isa=text))]
-    assert survivors == [], f"scale swaps not caught at lines {survivors}"
+    assert swaps and survivors == [], f"scale swaps not caught at lines {survivors}"
 
 
 @pytest.mark.fuzz
+@pytest.mark.parametrize("path", ["direct", "split"])
 @pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
-def test_every_gt_to_ge_compare_of_the_attention_kernel_is_caught_or_equivalent(built, rng,
-                                                                                  q_dtype):
-    """Each signed gt compare of the direct attention kernel turned into ge: the context
-    sweep must catch it, unless the mutant is equivalent, shown so by the kernel's own outputs,
-    bit for bit, over every context 0-259 on the other kv head with other data."""
-    spec = abi.Specialization("sparse_attention", q=q_dtype, group=16, output="bf16",
-                              path="direct")
-    co = built[1][spec.symbol]
+def test_every_gt_to_ge_compare_of_the_attention_kernels_is_caught_or_equivalent(
+        built, rng, q_dtype, path):
+    """Each signed gt compare of the attention kernel turned into ge: the context sweep must
+    catch it, unless the mutant is equivalent, shown so by the kernel's own outputs, bit for
+    bit, over every context 0-259 on the other kv head with other data."""
+    co = built[1][attention_spec(q_dtype, path).symbol]
     case = attention_case(rng, SWEEP, group=16, q_dtype=q_dtype, n_pages=3)
     every = attention_case(rng, EQUIVALENCE, group=16, q_dtype=q_dtype, n_pages=3)
-    base = run_direct((built[0], {spec.symbol: co}), every, q_dtype, "bf16")
+    base = run_attention(built, every, co)
+    compares = list(mutants(co.isa, r"^\s*v_cmp_gt_i32", lambda s: s.replace("_gt_", "_ge_")))
     survivors = []
-    for line, text in mutants(co.isa, r"^\s*v_cmp_gt_i32", lambda s: s.replace("_gt_", "_ge_")):
+    for line, text in compares:
         mutant = dataclasses.replace(co, isa=text)
-        if _attention_wrong(built, case, mutant):
-            continue
-        got = run_direct((built[0], {spec.symbol: mutant}), every, q_dtype, "bf16")
-        if not oracle.bits_equal(got, base).all():
+        if not _attention_wrong(built, case, mutant) and not oracle.bits_equal(
+                run_attention(built, every, mutant), base).all():
             survivors.append(line)
-    assert survivors == [], f"gt->ge mutants not caught at lines {survivors}"
+    assert compares and survivors == [], f"gt->ge mutants not caught at lines {survivors}"
