@@ -18,38 +18,35 @@ class MetadataError(ValueError):
     """The bytes are not an AMDGPU code object with readable metadata."""
 
 
-def _sections(elf: bytes) -> list[tuple[int, int, int]]:
-    """``(type, offset, size)`` of every section of a little-endian ELF64."""
-    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
-        raise MetadataError("not a little-endian ELF64 file")
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
-    out = []
-    for i in range(shnum):
-        base = shoff + i * shentsize
-        _, sh_type, _, _, offset, size = struct.unpack_from("<IIQQQQ", elf, base)
-        out.append((sh_type, offset, size))
-    return out
-
-
-def section_named(elf: bytes, name: str) -> bytes | None:
-    """The contents of the ELF64 section called ``name`` (``".text"``), or ``None``."""
+def _sections(elf: bytes) -> list[tuple[str, int, int, int]]:
+    """``(name, type, offset, size)`` of every section of a little-endian ELF64."""
     if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
         raise MetadataError("not a little-endian ELF64 file")
     shoff, = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
     headers = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
-    names = headers[shstrndx][4]  # the section-name string table's file offset
-    wanted = name.encode() + b"\0"
-    for name_offset, _, _, _, offset, size in headers:
-        if elf[names + name_offset : names + name_offset + len(wanted)] == wanted:
+    names = headers[shstrndx][4] if shstrndx < shnum else None  # the name table's offset
+    out = []
+    for name_offset, sh_type, _, _, offset, size in headers:
+        name = ""
+        if names is not None:
+            start = names + name_offset
+            name = elf[start : elf.find(b"\0", start)].decode(errors="replace")
+        out.append((name, sh_type, offset, size))
+    return out
+
+
+def section_named(elf: bytes, name: str) -> bytes | None:
+    """The contents of the ELF64 section called ``name`` (``".text"``), or ``None``."""
+    for section, _, offset, size in _sections(elf):
+        if section == name:
             return elf[offset : offset + size]
     return None
 
 
 def metadata_note(elf: bytes) -> bytes:
     """The MessagePack payload of the AMDGPU metadata note."""
-    for sh_type, offset, size in _sections(elf):
+    for _, sh_type, offset, size in _sections(elf):
         if sh_type != 7:  # SHT_NOTE
             continue
         pos, end = offset, offset + size

@@ -15,17 +15,17 @@ import re
 
 from jax_mxfp4.hip_kernels.metadata import section_named
 
-_TARGET = re.compile(r'\.amdgcn_target "amdgcn-amd-amdhsa-(\w*)-(gfx\w+)"')
+_TARGET = re.compile(r'\.amdgcn_target "amdgcn-amd-amdhsa-\w*-(gfx\w+)"')
 
 
-def _arch(isa: str) -> tuple[str, str]:
+def _for_assembler(isa: str) -> tuple[str, str]:
     """``(the text with its target id as the assembler wants it, arch)``. FlyDSL writes the
     target as ``amdgcn-amd-amdhsa-unknown-gfx950`` (environment "unknown"), which LLVM's
     assembler refuses against its own ``amdgcn-amd-amdhsa--gfx950``: the same target."""
     match = _TARGET.search(isa)
     if match is None:
         raise ValueError("isa: no .amdgcn_target directive naming an AMDGPU architecture")
-    arch = match.group(2)
+    arch = match.group(1)
     return isa.replace(match.group(0), f'.amdgcn_target "amdgcn-amd-amdhsa--{arch}"'), arch
 
 
@@ -42,7 +42,7 @@ def _assembler():
 
 def assembled_text(isa: str) -> bytes:
     """The ``.text`` section (machine code) of ``isa`` assembled for its own architecture."""
-    source, arch = _arch(isa)
+    source, arch = _for_assembler(isa)
     obj = _assembler()(source, arch, "")
     if not obj:
         raise ValueError(f"isa: LLVM's assembler rejected the {arch} text (its error is on "

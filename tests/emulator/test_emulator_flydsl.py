@@ -293,9 +293,9 @@ def _on_demand(built, spec):
     return built[1].get(spec.symbol) or code_object(spec, arch="gfx950")
 
 
-def _index_wrong(built, spec, case, co) -> bool:
-    """Whether code object ``co`` (``spec``'s) scores ``case`` other than the oracle's bits."""
-    got, _ = run_index_scores((built[0], {spec.symbol: co}), spec, case)
+def _index_wrong(built, case, co) -> bool:
+    """Whether index code object ``co`` scores ``case`` other than the oracle's bits."""
+    got, _ = run_index_scores((built[0], {co.spec.symbol: co}), co.spec, case)
     want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE)
     return not oracle.bits_equal(got, want).all()
 
@@ -303,9 +303,8 @@ def _index_wrong(built, spec, case, co) -> bool:
 @pytest.mark.parametrize("tiling", ["prefill", "decode"])
 @pytest.mark.parametrize("heads", [1, 2])
 def test_index_scores_over_long_fully_live_contexts(built, rng, heads, tiling):
-    spec = scorer_spec(heads, tiling)
     case = long_index_case(rng, heads, tiling)
-    assert not _index_wrong(built, spec, case, _on_demand(built, spec))
+    assert not _index_wrong(built, case, _on_demand(built, scorer_spec(heads, tiling)))
 
 
 def attention_spec(q_dtype: str, path: str) -> abi.Specialization:
@@ -361,12 +360,11 @@ def test_every_scale_swap_of_the_scorers_is_caught(built, rng, heads, tiling):
     """Each of the scorer's scaled MFMAs with its two scale operands swapped: the long
     fully-live case must score it wrong (every such mutant changes some output: the key
     scales and the query's differ)."""
-    spec = scorer_spec(heads, tiling)
-    co = _on_demand(built, spec)
+    co = _on_demand(built, scorer_spec(heads, tiling))
     case = long_index_case(rng, heads, tiling)
     swaps = list(mutants(co.isa, r"^\s*v_mfma_scale", _swap_scales))
     survivors = [line for line, text in swaps
-                 if not _index_wrong(built, spec, case, dataclasses.replace(co, isa=text))]
+                 if not _index_wrong(built, case, dataclasses.replace(co, isa=text))]
     assert swaps and survivors == [], f"scale swaps not caught at lines {survivors}"
 
 
