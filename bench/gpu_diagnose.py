@@ -13,11 +13,9 @@ per split too); ``--index-variants`` the index scorer's decode tilings;
 ``--select-variants`` select_blocks at several rows per program and warps;
 ``--split-plans`` the sparse-attention decode cells through the whole lowering (split kernel
 and merge, CUPTI device time by kernel) at one and at two pages per split and at 4, 2 and 1
-MXFP8 blocks per merge program, interleaved; ``--gluon-partials`` the same cells and the
-index S = 4-8 cells with the Gluon kernels and with the Triton ones; ``--fp8-dots`` the
-index prefill and decode cells with fp16 and with the opt-in e4m3 dots (``fp8_dots``);
-``--row-plans`` the S = 1 index cells at one and at two blocks per one-row program and as
-the plan picks (``index_scores.ONE_ROW_PAIRS``), interleaved.
+MXFP8 blocks per merge program, interleaved; ``--row-plans`` the S = 1 index cells at one
+and at two blocks per one-row program and as the plan picks (``index_scores.ONE_ROW_PAIRS``),
+interleaved.
 """
 
 from __future__ import annotations
@@ -148,7 +146,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 8, 32, 256)) -> 
                 t = timer(functools.partial(
                     kernel, q, pool, pool, table, ctx, o, o, m, l_, 1, pages, 16, 128**-0.5,
                     G=16, GP=16, PAGES=per_split, SPLITS=splits, Q_IS_FP8=False,
-                    MXFP8=False, USE_FP8=False, PTX=True, num_warps=warps))
+                    MXFP8=False, PTX=True, num_warps=warps))
                 results.append(f"{per_split} pages/split {warps} warps {t:.1f} us")
         print(f"attention_kernel {rows} rows x 16 pages: " + ", ".join(results), flush=True)
 
@@ -185,7 +183,7 @@ def _index_launch(plan, inputs: dict):
     return functools.partial(
         kernels.index_scores_kernel[plan.grid], a["q"], a["pool"], a["table"], a["pos"], a["req"],
         a["out"], a["T"], a["B"], a["W"], a["P"], a["NB"], 1.0, H=1, ROWS=plan.rows, M=plan.m,
-        BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True, USE_FP8=False, DOT_DTYPE=tl.float16,
+        BLOCKS=plan.blocks, Q_IS_FP8=False, ROUND_Q=True, DOT_DTYPE=tl.float16,
         ONE_ROW=plan.one_row, FOLD=plan.fold, PTX=True, num_warps=plan.num_warps)
 
 
@@ -241,12 +239,14 @@ def index_fold_variants(device: str = "cuda", timer=None,
     for b, s, nb, prefix in shapes:
         inputs = _index_inputs(b, s, nb, prefix, gen, device)
         t = inputs["T"]
-        plans = {"groups 64 rows": kernels.plan(t, 1, b, nb, foldable=False)}
         planned = kernels.plan(t, 1, b, nb)
+        plans = {}
         if planned.fold:
             rows = 64
             grid = (triton.cdiv(t, rows), planned.grid[1], 1)
-            plans["folded 64 rows"] = dataclasses.replace(planned, rows=rows, m=rows, grid=grid)
+            folded = dataclasses.replace(planned, rows=rows, m=rows, grid=grid)
+            plans["groups 64 rows"] = dataclasses.replace(folded, fold=False)
+            plans["folded 64 rows"] = folded
             plans[f"folded {planned.rows} rows (plan)"] = planned
         results = [f"{label} {timer(_index_launch(plan, inputs)):.1f} us"
                    for label, plan in plans.items()]
@@ -307,43 +307,6 @@ def _attention_cells(label: str, rows) -> None:
         parts = ", ".join(f"{name.split('_kernel')[0]} {dur * 1e6:.1f}"
                           for name, dur in sorted(t.kernels.items()))
         print(f"{label} {n} rows: {t.device * 1e6:.1f} us ({parts})", flush=True)
-
-
-def gluon_partials(rounds: int = 2, rows=(1, 8, 32, 128, 256)) -> None:
-    """The attention decode cells and the index S = 4-8 cells under ``cuda_kernels="gluon"``
-    and ``"triton"``, ``rounds`` times interleaved (CUPTI time per kernel)."""
-    import jax_mxfp4 as jm
-
-    index_cells = [c for c in bench_gpu.cells() if c.label in ("b8 S4 H1 ctx 128K",
-                                                               "b32 S8 H1 ctx 32K")]
-    for r in range(rounds):
-        for kernels in ("gluon", "triton"):
-            with jm.lowering_options(cuda_kernels=kernels):
-                label = f"round {r} {kernels}"
-                _attention_cells(label, rows)
-                for cell in index_cells:
-                    t = bench_gpu._measure(cell, np.random.default_rng(0), 10, 10, "auto")
-                    print(f"{label} index {cell.label}: {t.device * 1e6:.1f} us", flush=True)
-
-
-def fp8_dots(rounds: int = 2, labels=("b1 q4096 ctx 8K", "b8 q2048 ctx 16K", "b32 q8 ctx 32K",
-                                      "b8 S4 H1 ctx 128K", "b32 S1 H1 ctx 128K")) -> None:
-    """The index cells ``labels`` lowered with fp16 dots and with e4m3 dots
-    (``lowering_options(fp8_dots=...)``: Hopper's fp8 tensor cores, whose accumulation is
-    narrower than fp32, hence opt-in), ``rounds`` times interleaved, CUPTI device time per
-    call. Whether the e4m3 dots stay within SPEC's tolerance is what
-    ``JAX_MXFP4_GPU_FP8_DOT=1 pytest tests/gpu -k index_scores`` says (``gpu_session.sh
-    fp8``)."""
-    import jax_mxfp4 as jm
-
-    cells = [c for c in bench_gpu.cells() if c.label in labels]
-    for r in range(rounds):
-        for fp8 in (False, True):
-            with jm.lowering_options(fp8_dots=fp8):
-                for cell in cells:
-                    t = bench_gpu._measure(cell, np.random.default_rng(0), 5, 5, "auto")
-                    print(f"round {r} {'e4m3' if fp8 else 'fp16'} dots {cell.group} "
-                          f"{cell.label}: {t.device * 1e6:.1f} us", flush=True)
 
 
 def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
@@ -408,8 +371,8 @@ def main() -> int:
         attention_warps()
         return 0
     variants = {"--attention-variants": attention_warps, "--index-variants": index_variants,
-                "--fold-variants": index_fold_variants, "--gluon-partials": gluon_partials,
-                "--split-plans": split_plans, "--fp8-dots": fp8_dots, "--row-plans": row_plans}
+                "--fold-variants": index_fold_variants,
+                "--split-plans": split_plans, "--row-plans": row_plans}
     for flag, run in variants.items():
         if flag in sys.argv:
             run()

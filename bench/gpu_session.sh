@@ -3,10 +3,9 @@
 # "tests") the GPU tests and compute-sanitizer memcheck on two decode steps (S = 4 and S = 1)
 # and one prefill step, (mode "bench") the GPU benchmark table, (mode "step") the whole decode
 # step against dense attention, (mode "floor") the latency floor of short attention calls
-# (bench/latency_floor.py), or the profile / diagnose modes ("gluon": the opt-in Gluon
-# kernels tested and timed against the Triton ones; "fp8": the opt-in e4m3 QK dots; "ab":
-# other trees' kernels against this tree's, bench/ab_trees.py). Logs go to $OUT (the device
-# tool's output folder) or ./gpu_logs.
+# (bench/latency_floor.py), or the profile / diagnose modes ("ab": other trees' kernels
+# against this tree's, bench/ab_trees.py). Logs go to $OUT (the device tool's output folder)
+# or ./gpu_logs.
 set -u
 MODE=${1:-tests}
 OUT=${OUT:-$PWD/gpu_logs}
@@ -56,23 +55,6 @@ elif [ "$MODE" = diagnose ]; then
   grep -E "kernel|gpu__time_duration|==PROF==|Error" "$OUT/ncu.txt" | head -40
   XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1 --xla_dump_to=$OUT/dump_cb" \
     timeout 120 $PY tests/gpu/decode_step.py --json > "$OUT/cb.txt" 2>&1; echo "cb rc=$?"; tail -3 "$OUT/cb.txt"
-elif [ "$MODE" = gluon ]; then
-  # The opt-in Gluon kernels (cuda_kernels="gluon") against the oracle first, then every GPU
-  # test with the lowering taking them, then side by side with the Triton kernels.
-  timeout 120 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_gluon_tile.py \
-    tests/gpu/test_gpu_gluon_attention.py -ra > "$OUT/gluon_tests.txt" 2>&1
-  echo "gluon tests rc=$?"; tail -15 "$OUT/gluon_tests.txt"
-  JAX_MXFP4_CUDA_KERNELS=gluon timeout 330 $PY -m pytest -q -p no:cacheprovider tests/gpu -ra \
-    > "$OUT/pytest.txt" 2>&1
-  echo "pytest rc=$?"; tail -8 "$OUT/pytest.txt"
-  timeout 200 $PY bench/gpu_diagnose.py --gluon-partials 2>&1 | grep -E "^round" | tee "$OUT/gluon_vs_triton.txt"
-elif [ "$MODE" = fp8 ]; then
-  # The opt-in e4m3 QK dots (fp8_dots): the index GPU tests under them (SPEC's tolerance),
-  # then the index cells with fp16 and e4m3 dots side by side.
-  JAX_MXFP4_GPU_FP8_DOT=1 timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu -k \
-    index_scores -ra > "$OUT/fp8_tests.txt" 2>&1
-  echo "fp8 tests rc=$?"; tail -8 "$OUT/fp8_tests.txt"
-  timeout 240 $PY bench/gpu_diagnose.py --fp8-dots 2>&1 | grep -E "^round" | tee "$OUT/fp8.txt"
 elif [ "$MODE" = ab ]; then
   # Other trees' kernels against this tree's, interleaved (bench/ab_trees.py: prepare the trees
   # here and carry bench/ab_trees to the device); TREES and CELLS comma-separated.

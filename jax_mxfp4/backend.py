@@ -19,17 +19,12 @@ environment variable as its default:
 state                          environment variable       meaning
 =============================  =========================  ==========================================
 ``jax_mxfp4_backend``          ``JAX_MXFP4_BACKEND``      backend name (above)
-``jax_mxfp4_gpu_fp8_dot``      ``JAX_MXFP4_GPU_FP8_DOT``  Triton QK dots on e4m3 operands
-                                                          (opt-in, experimental: outside
-                                                          SPEC §10's tolerance on the H200)
 ``jax_mxfp4_gfx950_kernels``   ``JAX_MXFP4_GFX950_KERNELS``  ``"flydsl"`` or ``"triton"`` on gfx950
 ``jax_mxfp4_cuda_kernels``     ``JAX_MXFP4_CUDA_KERNELS``  ``"auto"`` (the measured fastest:
-                                                          Triton, and the Gluon decode index
-                                                          rows tile at S * H = 2..8),
-                                                          ``"triton"`` (Triton only), or
-                                                          ``"gluon"`` (the experimental Gluon
-                                                          index tile and attention split
-                                                          kernel, opt-in)
+                                                          Triton, and the Gluon index rows
+                                                          tile at S * H = 2..8 and prefill
+                                                          tile on sm_90), or ``"triton"``
+                                                          (Triton only)
 ``jax_mxfp4_gpu_arch``         ``JAX_MXFP4_GPU_ARCH``     lower for this GPU arch (``90``,
                                                           ``gfx942``, ``gfx950``) instead of the
                                                           device's: lowering without that GPU
@@ -50,7 +45,7 @@ from jax._src import config as _jax_config
 
 AUTO, REFERENCE = "auto", "reference"
 GFX950_KERNEL_CHOICES = ("flydsl", "triton")
-CUDA_KERNEL_CHOICES = ("auto", "triton", "gluon")
+CUDA_KERNEL_CHOICES = ("auto", "triton")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,21 +119,14 @@ def _is_optional_str(value) -> bool:
 _backend_state = _string_state(
     "jax_mxfp4_backend", AUTO, "jax_mxfp4: which kernels each operation lowers to.",
     lambda v: isinstance(v, str), "a backend name")
-_fp8_dot_state = _jax_config.bool_state(
-    "jax_mxfp4_gpu_fp8_dot", False,
-    help="jax_mxfp4: Triton QK dots on e4m3 operands instead of fp16 (experimental: Hopper's fp8 "
-    "tensor cores accumulate with fewer bits than fp32, which on the H200 puts index scores "
-    "outside SPEC's 2-ulp tolerance, and they measured slower).",
-    include_in_jit_key=True, include_in_trace_context=True)
 _gfx950_kernels_state = _string_state(
     "jax_mxfp4_gfx950_kernels", "flydsl",
     "jax_mxfp4: on gfx950, the FlyDSL kernels where they cover a call, or the Triton ones.",
     lambda v: v in GFX950_KERNEL_CHOICES, f"one of {GFX950_KERNEL_CHOICES}")
 _cuda_kernels_state = _string_state(
     "jax_mxfp4_cuda_kernels", "auto",
-    "jax_mxfp4: on CUDA, the fastest measured kernels (auto: Triton, and the Gluon decode index "
-    "rows tile where it covers a call), the Triton kernels only (triton), or (opt-in, tested on "
-    "the H200, no faster) the Gluon decode index tile and attention split kernel (gluon).",
+    "jax_mxfp4: on CUDA, the fastest measured kernels (auto: Triton, and the Gluon index rows "
+    "and prefill tiles where they cover a call) or the Triton kernels only (triton).",
     lambda v: v in CUDA_KERNEL_CHOICES, f"one of {CUDA_KERNEL_CHOICES}")
 _gpu_arch_state = _string_state(
     "jax_mxfp4_gpu_arch", None,
@@ -155,7 +143,6 @@ class LoweringConfig:
     """A snapshot of every lowering switch, taken when an operation is bound."""
 
     backend: str = AUTO
-    fp8_dots: bool = False
     gfx950_kernels: str = "flydsl"
     cuda_kernels: str = "auto"
     gpu_arch: str | None = None
@@ -166,7 +153,7 @@ def current_config() -> LoweringConfig:
     """The lowering switches in effect in this thread now."""
     units = _gpu_units_state.value
     return LoweringConfig(
-        backend=_backend_state.value, fp8_dots=bool(_fp8_dot_state.value),
+        backend=_backend_state.value,
         gfx950_kernels=_gfx950_kernels_state.value, cuda_kernels=_cuda_kernels_state.value,
         gpu_arch=None if _gpu_arch_state.value in (None, "") else str(_gpu_arch_state.value),
         gpu_units=None if units in (None, "") else int(units),
@@ -192,14 +179,12 @@ def backend_scope(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lowering_options(*, fp8_dots: bool | None = None, gfx950_kernels: str | None = None,
-                     cuda_kernels: str | None = None, gpu_arch: str | int | None = None,
+def lowering_options(*, gfx950_kernels: str | None = None, cuda_kernels: str | None = None,
+                     gpu_arch: str | int | None = None,
                      gpu_units: int | None = None) -> Iterator[None]:
     """Set lowering switches inside the ``with`` block (this thread only); ``None`` leaves a
     switch as it is. See the module docstring for what each one does."""
     with contextlib.ExitStack() as stack:
-        if fp8_dots is not None:
-            stack.enter_context(_fp8_dot_state(bool(fp8_dots)))
         if gfx950_kernels is not None:
             stack.enter_context(_gfx950_kernels_state(gfx950_kernels))
         if cuda_kernels is not None:

@@ -80,7 +80,7 @@ def one_row_scores(case, q_round: str, blocks: int | None = None) -> np.ndarray:
         *map(HostArray, (q, pool, table, positions, requests)), out, rows,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=1, ROWS=plan.rows, M=plan.m,
-        BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, USE_FP8=False, PTX=False,
+        BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=False, PTX=False,
         DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16, ONE_ROW=True, FOLD=False,
         INT_DOTS=q_fp8, num_warps=plan.num_warps)
     return out.array
@@ -253,7 +253,7 @@ def interpreted_scores(case, q_round: str, num_heads: int,
         requests_n, table.shape[1], pool.shape[0], case.num_blocks,
         float(folded_score_scale(SM_SCALE)), H=num_heads, ROWS=plan.rows, M=plan.m,
         BLOCKS=plan.blocks, Q_IS_FP8=q_fp8, ROUND_Q=not q_fp8 and q_round == "e4m3",
-        USE_FP8=False, PTX=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
+        PTX=False, DOT_DTYPE=tl.bfloat16 if q_round == "none" else tl.float16,
         ONE_ROW=plan.one_row, FOLD=plan.fold, INT_DOTS=plan.one_row and q_fp8,
         num_warps=plan.num_warps)
     return out.array, plan
@@ -326,7 +326,7 @@ def interpreted_attention(case, splits: int, blocks: int | None = None) -> np.nd
     rows, gp = tokens * kv_heads, 16
     out = HostArray(np.zeros((tokens, q_heads, 128), ml_dtypes.bfloat16))
     consts = dict(G=group, GP=gp, PAGES=-(-n // splits), SPLITS=splits, Q_IS_FP8=False,
-                  MXFP8=False, USE_FP8=False, PTX=False, PV_DTYPE=tl.float32)
+                  MXFP8=False, PTX=False, PV_DTYPE=tl.float32)
     args = [HostArray(a) for a in (q, k_pool, v_pool, table, ctx)]
     scalars = [kv_heads, num_pages, n, float(SM_SCALE)]
     if splits == 1:

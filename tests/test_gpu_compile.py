@@ -142,18 +142,17 @@ def _sass_stats():
 def test_one_row_index_tiles_take_integer_dots():
     """bench/sass_stats.py disassembles what the lowering compiles: a one-row decode tile
     (S = 1, H = 1) of an e4m3-rounded query is scored with exact integer dots, by default as
-    byte dots on the CUDA cores (``IDP.4A``, ``row_dot``, no MMA) and under
-    ``cuda_kernels="gluon"`` on the int8 tensor cores (``index_row_gluon``: ``IMMA``, no
-    spills); a 4-row tile takes the Gluon rows tile by default (tensor-core MMAs, no spills) and
-    the Triton 16-row tile under ``cuda_kernels="triton"`` (MMAs, within the plan's register
-    cap: five programs per SM). (Mutations: a plan that never picks one-row tiles fails here,
-    and so does one without the cap: 118 registers.)"""
+    byte dots on the CUDA cores (``IDP.4A``, ``row_dot``, no MMA); a 4-row tile takes the Gluon
+    rows tile by default (tensor-core MMAs, no spills) and the Triton 16-row tile under
+    ``cuda_kernels="triton"`` (MMAs, within the plan's register cap: five programs per SM).
+    (Mutations: a plan that never picks one-row tiles fails here, and so does one without the
+    cap: 118 registers.)"""
     import jax_mxfp4 as jm
     from jax_mxfp4.gpu.kernels import index_scores
 
     sass_stats = _sass_stats()
     found = {}
-    for per_request, kernels in ((1, "auto"), (1, "gluon"), (4, "auto"), (4, "triton")):
+    for per_request, kernels in ((1, "auto"), (4, "auto"), (4, "triton")):
         with jm.lowering_options(cuda_kernels=kernels):
             (kernel,) = sass_stats.kernels_of(*sass_stats._index(8, per_request, 16))
         resources, ops = sass_stats.profile(kernel)
@@ -164,8 +163,6 @@ def test_one_row_index_tiles_take_integer_dots():
     symbol, ops, _ = found[1, "auto"]
     assert symbol == "index_scores_kernel"
     assert ops["IDP"] >= 100 and not any("MMA" in op for op in ops)
-    symbol, ops, _ = found[1, "gluon"]
-    assert symbol == "index_row_kernel" and ops["IMMA"] >= 32 and not ops["IDP"], ops
     symbol, ops, _ = found[4, "auto"]
     assert symbol == "index_rows_kernel" and ops["HMMA"] >= 16
     symbol, ops, registers = found[4, "triton"]
@@ -205,7 +202,7 @@ def test_attention_page_loads_go_out_before_the_keys_layout_change():
 def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     """Prefill tiles (64 and 128 dot rows) take folded keys, one K = 128 dot per block: the
     sm_90 code has warpgroup MMAs (four rescaled group dots spilled at 128 rows in the Triton
-    tile). Decode tiles keep the group dots, and so do e4m3 dots (not foldable). The Gluon
+    tile). Decode tiles keep the group dots. The Gluon
     tile's walk of eight blocks, at its register cap, keeps its rows' output addresses (16
     bytes) in local memory, reloaded once a block (``PREFILL_TILE_REGISTERS``); its walk
     across requests (a tile holding rows of several) also keeps its 64-bit block counter and
@@ -216,12 +213,10 @@ def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     tiles = {
         "prefill": index_scores.plan(4096, 1, 1, 64, 132),
         "prefill64": index_scores.plan(256, 1, 4, 64, 132),
-        "e4m3 dots": index_scores.plan(4096, 1, 1, 64, 132, foldable=False),
         "decode": index_scores.plan(32, 1, 8, 64, 132),
     }
     assert {name: (tile.fold, tile.m) for name, tile in tiles.items()} == {
-        "prefill": (True, 128), "prefill64": (True, 64), "e4m3 dots": (False, 64),
-        "decode": (False, 16)}
+        "prefill": (True, 128), "prefill64": (True, 64), "decode": (False, 16)}
     sass_stats = _sass_stats()
     # (ctx 128K: eight blocks a program, the walk the large prefill cells take)
     for rows, per_request, blocks in ((4096, 4096, 16), (4096, 4096, 1024), (256, 64, 16)):

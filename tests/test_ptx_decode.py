@@ -337,23 +337,6 @@ def test_quad_factors(rng):
     assert np.isnan(factor[smax == 255]).all()
 
 
-def test_offset_keys(rng):
-    """``index_row_gluon._OFFSET_KEYS``: a code word's elements 0-3 (``$0``) and 4-7 (``$1``)
-    as the bytes ``12 + 2 * e2m1``, low element first, on every byte value in every position
-    and on random words, with ``_TABLE_WORDS``' two words as the tables' first words.
-    (Mutations: ``xh`` taken from the word instead of ``x``, or the high half's permutes on
-    ``$2`` instead of ``wh``, fail it.)"""
-    from jax_mxfp4.gpu.kernels import index_row_gluon as row
-
-    words = _words(rng)
-    tables = [np.full_like(words, 0x0F0E0D0C), np.full_like(words, 0x090A0B0C)]
-    regs = run_ptx(row._OFFSET_KEYS.value, [None, None, words, *tables])
-    for out, first in (("$0", 0), ("$1", 4)):
-        keys = [(12 + 2 * _element(words, first + i)).astype(np.uint64) for i in range(4)]
-        want = sum(key << np.uint64(8 * i) for i, key in enumerate(keys))
-        np.testing.assert_array_equal(regs[out], want, err_msg=out)
-
-
 def test_interpreter_knows_every_instruction():
     """Every opcode the decode's PTX uses is one ``run_ptx`` executes (a new instruction in
     the text must come with its semantics here, not be skipped)."""
@@ -370,9 +353,6 @@ def test_interpreter_knows_every_instruction():
                   for name in ("_GROUP_DOT", "_FIXED", "_SLICES", "_TABLE_WORDS")})
     texts.update({name: getattr(rows, name).value
                   for name in ("_QUAD_LANES", "_OWN_FACTORS", "_QUAD_SHARE")})
-    from jax_mxfp4.gpu.kernels import index_row_gluon
-
-    texts["_OFFSET_KEYS"] = index_row_gluon._OFFSET_KEYS.value
     for name, text in texts.items():
         ops = set(re.findall(r"(?:^|;)\s*([.\w]+)", text.strip().strip("{}")))
         assert ops <= known, (name, ops - known)

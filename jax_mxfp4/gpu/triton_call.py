@@ -94,16 +94,10 @@ def gluon_runs(call) -> bool:
     return call.target.device == CUDA and arch.isdigit() and int(arch) >= 80
 
 
-def gluon_requested(call) -> bool:
-    """Whether ``call`` takes the opt-in Gluon kernels: asked for (``cuda_kernels="gluon"``)
-    on a target that runs them. Each Gluon lowering adds what it covers."""
-    return call.config.cuda_kernels == "gluon" and gluon_runs(call)
-
-
 def launcher_problem(target: Target) -> str | None:
     """Why the code-object launcher cannot run on ``target``'s platform, or ``None``."""
     return launcher.problem(target)
 
 
-__all__ = ["gluon_requested", "gluon_runs", "launch", "launcher_problem", "pointer_type",
+__all__ = ["gluon_runs", "launch", "launcher_problem", "pointer_type",
            "triton_target"]

@@ -244,68 +244,6 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
     assert oracle.index_score_errors(kernel[live], ref[live], magnitude).max() <= 2
 
 
-def _index_kernel(case, kernels: str, q_round: str = "e4m3"):
-    """``case``'s index scores from the GPU lowering under ``cuda_kernels=kernels``, and the
-    kernel the lowering names."""
-    fn = lambda *a: jm.index_scores(*a, num_blocks=case.num_blocks, sm_scale=SM_SCALE,  # noqa: E731
-                                    q_round=q_round)
-    with jm.lowering_options(cuda_kernels=kernels), backend_scope("auto"):
-        names = [e.lowering for e in jm.explain(fn, *case.args(), platform="cuda")]
-        return np.asarray(jax.jit(fn)(*case.args())), names
-
-
-@pytest.mark.parametrize("shape", ["random", "wide", "deep", "e4m3", "long", "nan",
-                                   "shuffled"])
-def test_one_row_int8_tile_is_the_triton_kernel_bit_for_bit(rng, shape):
-    """``index_row_gluon`` (the opt-in one-row tile, ``cuda_kernels="gluon"``: exact integer
-    group dots on the int8 tensor cores) gives the default Triton one-row kernel's bits (the
-    same integers by ``dp4a``, the same fp32 steps after them) on inexact data: random
-    pools with garbage tails (scale bytes 0 and 255) and an invalid page id in reach (random),
-    queries over e4m3's whole range (wide), deep and all-zero scale groups (deep), an e4m3
-    query (e4m3), 8 rows over 601 blocks, the last program's blocks partly past the end
-    (long), NaN, zero and negative-zero query rows (nan), and rows not in request order
-    (shuffled)."""
-    kw = dict(num_heads=1, num_blocks=5, table_width=6, num_pages=40, scale_lo=110,
-              scale_hi=140)
-    seq = [600, 33, 128, 257, 0, 1, 640, 500]
-    if shape == "deep":
-        case = deep_scale_index_case(rng, "decode1")
-    elif shape == "long":
-        seq = [601 * 128, 77000, 1, 0, 129, 40000, 601 * 128 - 1, 5000]
-        kw.update(num_blocks=601, table_width=601, num_pages=8 * 601)
-        case = decode_index_case(rng, seq, 1, **kw)
-    else:
-        case = decode_index_case(rng, seq, 1, q_dtype="e4m3" if shape == "e4m3" else "bf16",
-                                 **kw)
-    if shape == "wide":
-        widen_index_q(case)
-    if shape == "random":
-        case.block_table[0, 1] = -1  # in reach: the block scores -inf
-        case.block_table[6, 2] = len(case.pool) + 3
-    if shape == "shuffled":
-        order = rng.permutation(len(case.positions))
-        case.q, case.positions = case.q[order], case.positions[order]
-        case.requests = case.requests[order]
-        assert (case.requests != np.arange(len(order))).any()
-    if shape == "nan":
-        q = np.asarray(case.q, np.float32).copy()
-        q[0, 0, 77] = np.nan
-        q[1] = 0.0
-        q[2] = -0.0
-        q[3, 0, ::2] = -0.0
-        q[3, 0, 1::2] = 0.0
-        case.q = q.astype(case.q.dtype)
-    got, names = _index_kernel(case, "gluon")
-    want, triton_names = _index_kernel(case, "auto")
-    assert any("index_row_kernel" in n for n in names), names
-    assert any("index_scores_kernel" in n for n in triton_names), triton_names
-    assert np.isfinite(want).sum() >= 8
-    if shape == "nan":  # row 0's NaN element poisons every block it sees
-        seen = ~np.isneginf(want[0, 0])
-        assert seen.any() and np.isnan(want[0, 0][seen]).all()
-    assert_bits(got, want)
-
-
 @pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 def test_index_scores_deep_scale_groups(rng, shape):
     """Scale groups 31-110 binades below their token's largest, and all-zero groups (byte 0):

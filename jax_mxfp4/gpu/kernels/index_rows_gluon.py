@@ -1,14 +1,14 @@
 """Gluon kernel (CUDA sm_80+): ``index_scores`` on decode tiles of 2 to 8 dot rows (``S * H``),
 a page's 128 tokens as the tensor cores' M and the query rows as their N.
 
-Why: as the 16-row operand of ``mma.sync.m16n8k16`` (the Triton tile and ``index_tile_gluon``)
+Why: as the 16-row operand of ``mma.sync.m16n8k16`` (the Triton tile)
 a decode tile of 4 or 8 query rows wastes three quarters or half of every MMA and of the
 accumulator its epilogue walks (group scales, masks, maxima); as the 8-column operand it wastes
 at most half of an accumulator half that size (3/4 at 2 rows). The keys (the M side) are
 decoded by the threads that hold them: each thread loads exactly the code words whose nibbles
 its A-operand registers hold (:data:`WORDS`), decodes them in place (``mxfp4._FP16_PAIRS``:
 fp16 ``e2m1 * 2**-14``) and the query's columns are permuted to match
-(``index_tile_gluon.key_column``; the dot sums over the columns, so any order that pairs each
+(:func:`key_column`; the dot sums over the columns, so any order that pairs each
 query element with its key element is the same dot). A program scores up to ``BLOCKS``
 consecutive blocks of one row tile, loads the query once for them, keeps the next block's
 page in flight while it scores one, and keeps each warp's row maxima of every block in shared
@@ -42,7 +42,21 @@ from jax_mxfp4.gpu.kernels.index_scores_triton import (
     _row_span,
     tile_rows,
 )
-from jax_mxfp4.gpu.kernels.index_tile_gluon import key_column
+
+
+@triton.jit
+def key_column(v, nib: tl.constexpr):
+    """The element of a scale group (0..31) that virtual column ``v`` (0..15) of the group's
+    low-nibble (``nib = 0``) or high-nibble dot holds: virtual ``k = 8 * b1 + 2 * c + b0``
+    holds element ``8 * c + 4 * b1 + 2 * b0 + nib`` of the group: code word ``c``, byte bits
+    ``b0``, ``b1`` as the decode's output registers hold them (:data:`WORDS`), so nothing is
+    repacked. Plain ``triton.jit`` (elementwise, no layout), so the interpreter runs it in
+    the tests."""
+    b1 = v // 8
+    c = (v // 2) % 4
+    b0 = v % 2
+    return 8 * c + 4 * b1 + 2 * b0 + nib
+
 
 WARPS = 4
 """Warps per program: warp ``w`` holds tokens ``16w .. 16w + 15`` and ``64 + 16w ..`` of a

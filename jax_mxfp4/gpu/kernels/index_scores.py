@@ -9,9 +9,7 @@ static shapes by :func:`plan`, for the Triton kernel ``index_scores_triton.index
 On CUDA, decode tiles of 2 to 8 dot rows take the Gluon kernel
 ``index_rows_gluon.index_rows_kernel`` by default (a page's tokens as the MMA's M), and on
 sm_90 prefill-shaped tiles of fp16 dots ``index_prefill_gluon.index_prefill_kernel`` (128-row
-warpgroup-MMA tiles, two programs per SM); under ``cuda_kernels="gluon"`` one-row tiles of an
-e4m3-exact query take ``index_row_gluon.index_row_kernel`` (the same integer dots on the int8
-tensor cores).
+warpgroup-MMA tiles, two programs per SM).
 """
 
 from __future__ import annotations
@@ -91,11 +89,9 @@ def walk_blocks(row_tiles: int, num_blocks: int, num_sms: int, most: int,
 
 
 def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
-         num_sms: int, foldable: bool = True) -> Plan:
+         num_sms: int) -> Plan:
     """Tiling from static shapes: rows per tile follow rows per request (``T // B``: the
-    decode depth S, or a prefill chunk), capped at 128 dot rows (64 where the keys cannot be
-    folded: ``foldable`` is false for e4m3 dots, whose operand cannot hold the groups'
-    relative scales exactly).
+    decode depth S, or a prefill chunk), capped at 128 dot rows.
 
     A tile of one dot row (S = 1, H = 1: the common decode step) is scored on the CUDA cores:
     a 16-row tensor-core tile would be 15/16 padding. Decode-shaped tiles (under 64 dot rows)
@@ -113,7 +109,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     The measurements behind each choice: bench/RESULTS.md ("What each change bought").
     """
     per_request = max(1, num_rows // max(1, num_requests))
-    rows = min(triton.next_power_of_2(per_request), max(1, (128 if foldable else 64) // num_heads))
+    rows = min(triton.next_power_of_2(per_request), max(1, 128 // num_heads))
     m = max(16, triton.next_power_of_2(rows * num_heads))
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
     blocks = 1
@@ -125,25 +121,21 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
         blocks, warps = one_row_blocks(row_tiles, num_blocks, num_sms), 1
     blocks = max(blocks, triton.cdiv(num_blocks, 65535))  # the grid's y limit
     grid = (row_tiles, triton.cdiv(max(num_blocks, 1), blocks), 1)
-    fold = foldable and m >= 64
+    fold = m >= 64
     registers = DECODE_TILE_REGISTERS if m == 16 and not one_row else None
     return Plan(rows, m, blocks, grid, warps, one_row, fold, registers)
 
 
 # --- lowering (covers / lower: jax_mxfp4.lowering.KernelModule) -----------------------------
 
-_DOT_DTYPES = {"fp8": tl.float8e4nv, "fp16": tl.float16, "bf16": tl.bfloat16}
+_DOT_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16}
 
 
 def _dot(call) -> str:
-    """The dot operand type: e4m3-exact queries take fp16 dots (exact for e2m1 x e4m3), or
-    fp8 dots where ``config.fp8_dots`` asks; a bf16 query kept as is (``q_round="none"``)
-    takes bf16 dots."""
+    """The dot operand type: e4m3-exact queries take fp16 dots (exact for e2m1 x e4m3); a
+    bf16 query kept as is (``q_round="none"``) takes bf16 dots."""
     q_fp8 = jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn
-    exact_e4m3 = q_fp8 or call.params["q_round"] == "e4m3"
-    if not exact_e4m3:
-        return "bf16"
-    return "fp8" if call.config.fp8_dots else "fp16"
+    return "fp16" if q_fp8 or call.params["q_round"] == "e4m3" else "bf16"
 
 
 def available(target, config) -> str | None:
@@ -158,33 +150,12 @@ def kernel_name(call) -> str:
     q_aval, _, table_aval = call.avals_in[:3]
     dot, num_blocks = _dot(call), call.params["num_blocks"]
     layout = plan(q_aval.shape[0], q_aval.shape[1], table_aval.shape[0], num_blocks,
-                  call.target.units, foldable=dot != "fp8")
-    if _row_tile(call, layout, dot):
-        return "index_row_kernel[int8 dots]"
-    if _gluon_tile(call, layout, dot, num_blocks):
-        return f"index_tile_kernel[{dot} dots]"
+                  call.target.units)
     if _prefill_tile(call, layout, dot):
         return f"index_prefill_kernel[{dot} dots]"
     if _rows_tile(call, layout, dot):
         return f"index_rows_kernel[{dot} dots]"
     return f"index_scores_kernel[{dot} dots]"
-
-
-def _gluon_tile(call, layout: Plan, dot: str, num_blocks: int) -> bool:
-    """Whether the call takes ``index_tile_gluon.index_tile_kernel``: asked for
-    (``cuda_kernels="gluon"``; measured against the Triton tile in RESULTS), on CUDA sm_80+,
-    for decode-shaped 16-row tiles of fp16 dots (one block per program, so at most 65535 blocks)."""
-    return (triton_call.gluon_requested(call) and dot == "fp16" and layout.m == 16
-            and not layout.one_row and not layout.fold and num_blocks <= 65535)
-
-
-def _row_tile(call, layout: Plan, dot: str) -> bool:
-    """Whether the call takes ``index_row_gluon.index_row_kernel`` (a one-row tile's exact
-    integer group dots on the int8 tensor cores, the page's tokens as the MMA's M; the same
-    bits as the Triton one-row kernel's integer dots): asked for (``cuda_kernels="gluon"``),
-    one-row tiles of an e4m3-exact query on CUDA sm_80+. Not the default: 0.98-1.12x the
-    Triton one-row kernel's time on the H200 (bench/RESULTS.md, twenty-second session)."""
-    return triton_call.gluon_requested(call) and layout.one_row and dot == "fp16"
 
 
 def _rows_tile(call, layout: Plan, dot: str) -> bool:
@@ -290,24 +261,6 @@ def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
     return walk_blocks(row_tiles, num_blocks, num_sms, ROWS_TILE_BLOCKS_MAX, 4)
 
 
-ROW_TILE_BLOCKS_MAX = 8
-"""Blocks per ``index_row_kernel`` program at most (its query operand built once for them,
-the next page in flight while one is scored). RESULTS, twenty-second session: at most 1 / 2
-/ 8 blocks 103.3 / 97.5 / 81.9 us at b32 ctx 128K."""
-
-ROW_TILE_PROGRAMS_PER_SM = 6
-"""Programs per SM the ``index_row_kernel`` grid keeps at least: fewer blocks per program
-only where the grid is small (RESULTS, twenty-second session: 7.3 us at b32 ctx 8K, two
-blocks a program, against 8.6 at 3 programs per SM, five blocks)."""
-
-
-def row_tile_blocks(rows: int, num_blocks: int, num_sms: int) -> int:
-    """Blocks per ``index_row_kernel`` program (:func:`walk_blocks`): up to
-    :data:`ROW_TILE_BLOCKS_MAX` while the grid keeps :data:`ROW_TILE_PROGRAMS_PER_SM`
-    programs per SM. A block's scores do not depend on it."""
-    return walk_blocks(rows, num_blocks, num_sms, ROW_TILE_BLOCKS_MAX, ROW_TILE_PROGRAMS_PER_SM)
-
-
 def _launch(call, kernel, grid, scalars: dict, constants: dict, num_warps: int,
             max_registers: int | None = None):
     """The launch of one of the index kernels, which all take the same buffers (the call's
@@ -331,27 +284,6 @@ def _rows_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, consta
                    {**shared, "BLOCKS": blocks}, index_rows_gluon.WARPS, ROWS_TILE_REGISTERS)
 
 
-def _row_tile_launch(call, num_blocks: int, scalars: dict, constants: dict):
-    """``index_row_gluon.index_row_kernel`` on one row a program and
-    :func:`row_tile_blocks` blocks per program."""
-    from jax_mxfp4.gpu.kernels import index_row_gluon
-
-    rows = call.avals_in[0].shape[0]
-    blocks = row_tile_blocks(rows, num_blocks, call.target.units)
-    grid = (rows, triton.cdiv(num_blocks, blocks), 1)
-    return _launch(call, index_row_gluon.index_row_kernel, grid, scalars,
-                   {"BLOCKS": blocks, "ROUND_Q": constants["ROUND_Q"]}, index_row_gluon.WARPS)
-
-
-def _gluon_tile_launch(call, grid, scalars: dict, constants: dict):
-    """``index_tile_gluon.index_tile_kernel`` on one block per program (grid ``(row tiles,
-    blocks)``), with the Triton kernel's scalars and the constants it shares."""
-    from jax_mxfp4.gpu.kernels import index_tile_gluon
-
-    return _launch(call, index_tile_gluon.index_tile_kernel, grid, scalars,
-                   {k: constants[k] for k in ("H", "ROWS", "ROUND_Q")}, index_tile_gluon.WARPS)
-
-
 def int_dots(target, layout: Plan, constants: dict) -> bool:
     """Whether a one-row tile takes integer dots (``row_dot``): its query is e4m3-exact and
     the target is CUDA, where they are ``dp4a`` in inline PTX. Their plain-Triton form (what
@@ -368,23 +300,17 @@ def lower(ctx, call, q, pool, table, positions, requests):
     num_blocks = call.params["num_blocks"]
     q_fp8 = jnp.dtype(q_aval.dtype) == jnp.float8_e4m3fn
     dot = _dot(call)
-    layout = plan(rows, heads, num_requests, num_blocks, call.target.units,
-                  foldable=dot != "fp8")
+    layout = plan(rows, heads, num_requests, num_blocks, call.target.units)
     scalars = {"T": np.int32(rows), "B": np.int32(num_requests), "W": np.int32(width),
                "P": np.int32(pool_aval.shape[0]), "NB": np.int32(num_blocks),
                "score_scale": folded_score_scale(call.params["sm_scale"])}
     constants = {"H": heads, "ROWS": layout.rows, "M": layout.m, "BLOCKS": layout.blocks,
                  "Q_IS_FP8": q_fp8, "ROUND_Q": (not q_fp8) and dot != "bf16",
-                 "USE_FP8": dot == "fp8", "DOT_DTYPE": _DOT_DTYPES[dot],
+                 "DOT_DTYPE": _DOT_DTYPES[dot],
                  "ONE_ROW": layout.one_row, "FOLD": layout.fold}
     constants["INT_DOTS"] = int_dots(call.target, layout, constants)
     empty = not (rows and num_blocks and num_requests)
-    if _row_tile(call, layout, dot) and not empty:
-        launch = _row_tile_launch(call, num_blocks, scalars, constants)
-    elif _gluon_tile(call, layout, dot, num_blocks):
-        grid = (0, 1, 1) if empty else (layout.grid[0], num_blocks, 1)
-        launch = _gluon_tile_launch(call, grid, scalars, constants)
-    elif _prefill_tile(call, layout, dot) and not empty:
+    if _prefill_tile(call, layout, dot) and not empty:
         launch = _prefill_tile_launch(call, layout, num_blocks, scalars, constants)
     elif _rows_tile(call, layout, dot) and not empty:
         launch = _rows_tile_launch(call, layout, num_blocks, scalars, constants)

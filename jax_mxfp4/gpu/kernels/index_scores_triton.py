@@ -272,7 +272,7 @@ def _overflows(magnitudes, expo):
 
 @triton.jit
 def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
-                 USE_FP8: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
+                 FOLD: tl.constexpr, PTX: tl.constexpr):
     """Max logit of each dot row ``sel`` selects over block ``j``'s tokens from its page as
     :func:`mxfp4.page_bytes` loaded it (-inf for the other rows). ``FOLD``: the query
     tile ``q [M, 128]`` against folded keys (:func:`mxfp4.folded_page_logits`), else the
@@ -281,7 +281,7 @@ def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
     if FOLD:
         best = _folded_maxima(q, codes, scales, sel, pos, j, reach, low)
     else:
-        dots, expo = mxfp4.page_logits(q0, q1, q2, q3, codes, scales, USE_FP8, PTX)
+        dots, expo = mxfp4.page_logits(q0, q1, q2, q3, codes, scales, PTX)
         best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos,
                               j * 128 + tl.arange(0, 128))
     return best
@@ -289,7 +289,7 @@ def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
 
 @triton.jit
 def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_r, W, P,
-                 USE_FP8: tl.constexpr, FOLD: tl.constexpr, PTX: tl.constexpr):
+                 FOLD: tl.constexpr, PTX: tl.constexpr):
     """Max logit of each dot row over block ``j`` of request ``req_r`` (-inf elsewhere), the
     page loaded and scored in one step (:func:`_page_maxima`)."""
     page = tl.load(table_ptr + tl.cast(req_r, tl.int64) * W + j)  # req_r: a loop index
@@ -299,14 +299,14 @@ def _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr, req, pos, live, j, req_
         codes, scales = mxfp4.page_bytes(pool_ptr + page.to(tl.int64) * mxfp4.PAGE_BYTES, True)
         reach, low = _row_span(sel, pos)
         best = _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
-                            USE_FP8, FOLD, PTX)
+                            FOLD, PTX)
     return best
 
 
 @triton.jit
 def _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
                  req_lo, req_hi, first_block, NB, W, P, reach, score_scale,
-                 BLOCKS: tl.constexpr, USE_FP8: tl.constexpr, FOLD: tl.constexpr,
+                 BLOCKS: tl.constexpr, FOLD: tl.constexpr,
                  PTX: tl.constexpr):
     """Score blocks ``first_block ..`` (``BLOCKS`` of them) for a tile whose live rows belong
     to requests ``req_lo .. req_hi``, and store them: each block's page of each request in
@@ -318,7 +318,7 @@ def _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, liv
         if (j < NB) & (j * 128 <= reach):
             for req_r in range(req_lo, req_hi + 1):
                 best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
-                                                     req, pos, live, j, req_r, W, P, USE_FP8,
+                                                     req, pos, live, j, req_r, W, P,
                                                      FOLD, PTX), propagate_nan=PROPAGATE)
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
 
@@ -326,7 +326,7 @@ def _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, liv
 @triton.jit
 def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r, pos, live,
                         row_ok, first_block, NB, W, P, reach, score_scale,
-                        BLOCKS: tl.constexpr, USE_FP8: tl.constexpr, FOLD: tl.constexpr,
+                        BLOCKS: tl.constexpr, FOLD: tl.constexpr,
                         PTX: tl.constexpr):
     """:func:`_tile_blocks` for a tile whose live rows are all of request ``req_r`` (prefill
     tiles inside a chunk), software-pipelined: block ``j + 1``'s page is in flight while
@@ -343,7 +343,7 @@ def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r,
         best = tl.full((pos.shape[0],), float("-inf"), tl.float32)
         if ok:
             best = _page_maxima(q, q0, q1, q2, q3, codes, scales, live, pos, j, reach, low,
-                                USE_FP8, FOLD, PTX)
+                                FOLD, PTX)
         tl.store(out_base + j, best * score_scale, mask=row_ok & (j < NB))
         codes, scales, ok = next_codes, next_scales, next_ok
 
@@ -352,7 +352,7 @@ def _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_r,
 def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T, B, W, P, NB,
                         score_scale, H: tl.constexpr, ROWS: tl.constexpr, M: tl.constexpr,
                         BLOCKS: tl.constexpr, Q_IS_FP8: tl.constexpr, ROUND_Q: tl.constexpr,
-                        USE_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                        DOT_DTYPE: tl.constexpr,
                         ONE_ROW: tl.constexpr, FOLD: tl.constexpr, INT_DOTS: tl.constexpr,
                         PTX: tl.constexpr):
     """``out f32[H, T, NB]``; q ``[T, H, 128]``, pool ``u8[P, 8704]``, table ``s32[B, W]``,
@@ -389,8 +389,8 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     elif FOLD and (req_lo == req_hi):
         _prefetching_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req_lo, pos,
                             live, row_ok, first_block, NB, W, P, reach, score_scale, BLOCKS,
-                            USE_FP8, FOLD, PTX)
+                            FOLD, PTX)
     else:
         _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, live, row_ok,
                      req_lo, req_hi, first_block, NB, W, P, reach, score_scale, BLOCKS,
-                     USE_FP8, FOLD, PTX)
+                     FOLD, PTX)

@@ -337,27 +337,25 @@ def split_groups(codes):
 
 
 @constexpr_function
-def fp16_keys(q_dtype, use_fp8, ptx) -> bool:
+def fp16_keys(q_dtype, ptx) -> bool:
     """Whether :func:`group_dot` takes the keys as fp16 ``e2m1 * 2**-14`` straight from the
     bytes (fp16 queries where inline PTX runs) rather than as e4m3 ``e2m1 * 2**-6``: the one
     rule :func:`key_exponent` must follow too."""
-    return bool(ptx) and not use_fp8 and q_dtype == tl.float16
+    return bool(ptx) and q_dtype == tl.float16
 
 
 @triton.jit
-def group_dot(q_g, codes, factor, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+def group_dot(q_g, codes, factor, PTX: tl.constexpr):
     """``(q_g . K_g^T) * factor``: one scale group's logits, ``f32 [M, N]``, from the group's
     code bytes ``uint8 [N, 16]`` and a factor per key ``f32 [N]`` (``2**(s_g - smax)`` puts
     them in the units of :func:`key_exponent`).
 
-    ``q_g``: the group's query values ``[M, 32]`` (e4m3 when ``USE_FP8``, else fp16 holding
-    e4m3 values, or bf16). The keys go in as e4m3 ``e2m1 * 2**-6`` (converted to ``q_g``'s
+    ``q_g``: the group's query values ``[M, 32]`` (fp16 holding e4m3 values, or bf16). The
+    keys go in as e4m3 ``e2m1 * 2**-6`` (converted to ``q_g``'s
     dtype), or, for fp16 queries where inline PTX runs (``PTX``), straight from the bytes as
     fp16 ``e2m1 * 2**-14`` (:func:`nibbles_fp16`); products are exact either way.
     """
-    if USE_FP8:
-        dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes)))
-    elif fp16_keys(q_g.dtype, USE_FP8, PTX):
+    if fp16_keys(q_g.dtype, PTX):
         dots = tl.dot(q_g, tl.trans(nibbles_fp16(codes)))
     else:
         dots = tl.dot(q_g, tl.trans(nibbles_fp8(codes).to(q_g.dtype)))
@@ -365,9 +363,9 @@ def group_dot(q_g, codes, factor, USE_FP8: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def key_exponent(q_g, smax, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+def key_exponent(q_g, smax, PTX: tl.constexpr):
     """``q . k = dots * 2**key_exponent`` for :func:`group_dot`'s dots of ``q_g``'s dtype."""
-    if fp16_keys(q_g.dtype, USE_FP8, PTX):
+    if fp16_keys(q_g.dtype, PTX):
         return smax - 127 + 14
     return smax - 127 + 6
 
@@ -383,32 +381,31 @@ def token_scales(scales):
 
 @triton.jit
 def scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
-                USE_FP8: tl.constexpr, PTX: tl.constexpr):
+                PTX: tl.constexpr):
     """The four group dots of a page, each scaled by ``2**(byte - ref)`` (:func:`group_dot`;
     ``ref`` each token's largest byte, or one byte for the page), summed: ``f32 [M, 128]`` in
     the units of :func:`key_exponent` of ``ref``; NaN for the tokens ``nan_keys`` marks, put
     in group 0's factor (a NaN factor makes the token's every dot NaN: one select per token
     instead of one per logit)."""
     first = tl.where(nan_keys, float("nan"), pow2(s0 - ref))
-    dots = group_dot(q0, b0, first, USE_FP8, PTX)
-    dots += group_dot(q1, b1, pow2(s1 - ref), USE_FP8, PTX)
-    dots += group_dot(q2, b2, pow2(s2 - ref), USE_FP8, PTX)
-    dots += group_dot(q3, b3, pow2(s3 - ref), USE_FP8, PTX)
+    dots = group_dot(q0, b0, first, PTX)
+    dots += group_dot(q1, b1, pow2(s1 - ref), PTX)
+    dots += group_dot(q2, b2, pow2(s2 - ref), PTX)
+    dots += group_dot(q3, b3, pow2(s3 - ref), PTX)
     return dots
 
 
 @triton.jit
-def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8: tl.constexpr,
-               PTX: tl.constexpr):
+def key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, PTX: tl.constexpr):
     """:func:`page_logits` of a page's keys already split into groups (:func:`split_groups`)."""
     s0, s1, s2, s3, smax = token_scales(scales)
     dots = scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, smax,
-                       smax == NAN_BYTE, USE_FP8, PTX)
-    return dots, key_exponent(q0, smax, USE_FP8, PTX)
+                       smax == NAN_BYTE, PTX)
+    return dots, key_exponent(q0, smax, PTX)
 
 
 @triton.jit
-def page_logits(q0, q1, q2, q3, codes, scales, USE_FP8: tl.constexpr, PTX: tl.constexpr):
+def page_logits(q0, q1, q2, q3, codes, scales, PTX: tl.constexpr):
     """Relative logits of every token of a page loaded by :func:`page_bytes` (``codes``,
     ``scales``) and the token exponents.
 
@@ -417,7 +414,7 @@ def page_logits(q0, q1, q2, q3, codes, scales, USE_FP8: tl.constexpr, PTX: tl.co
     token with a scale byte 255 (its keys are NaN, SPEC §1.3, §15.18).
     """
     b0, b1, b2, b3 = split_groups(codes)
-    return key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, USE_FP8, PTX)
+    return key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, PTX)
 
 
 @triton.jit

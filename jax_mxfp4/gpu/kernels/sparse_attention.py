@@ -48,8 +48,7 @@ def _abs_max_bits(x):
 
 
 @triton.jit
-def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr,
-                  PTX: tl.constexpr):
+def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, PTX: tl.constexpr):
     """The four query groups ``[GP, 32]`` as dot operands, and each row's scale exponent and
     mantissa (``q_scale = max(amax / 448, FLT_MIN)``; 1 for an e4m3 query)."""
     c = tl.arange(0, 32)
@@ -58,7 +57,7 @@ def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, USE_FP8: tl.constexpr
     x1 = tl.load(base + 32, mask=ok[:, None], other=0.0)
     x2 = tl.load(base + 64, mask=ok[:, None], other=0.0)
     x3 = tl.load(base + 96, mask=ok[:, None], other=0.0)
-    dot_dtype: tl.constexpr = tl.float8e4nv if USE_FP8 else tl.float16
+    dot_dtype: tl.constexpr = tl.float16
     if Q_IS_FP8:
         expo = tl.zeros(qrow.shape, tl.int32)
         mant = tl.full(qrow.shape, 1.0, tl.float32)
@@ -155,8 +154,7 @@ def _page_bytes(k_ptr, v_ptr, ok, base):
 
 
 @triton.jit
-def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, USE_FP8: tl.constexpr,
-               PTX: tl.constexpr):
+def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
     """A page's relative logits ``dots f32 [GP, 128]`` and one exponent for the whole page:
     ``q . k = dots * 2**exponent`` (int32 scalar) for every live token.
 
@@ -171,9 +169,8 @@ def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, USE_FP8: tl.constex
     s0, s1, s2, s3, smax = mxfp4.token_scales(scales)
     nan_keys = smax == mxfp4.NAN_BYTE
     ref = tl.max(tl.where(live & ~nan_keys, smax, 0), axis=0)
-    dots = mxfp4.scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys,
-                             USE_FP8, PTX)
-    return dots, mxfp4.key_exponent(q0, ref, USE_FP8, PTX)
+    dots = mxfp4.scaled_dots(q0, q1, q2, q3, b0, b1, b2, b3, s0, s1, s2, s3, ref, nan_keys, PTX)
+    return dots, mxfp4.key_exponent(q0, ref, PTX)
 
 
 @triton.jit
@@ -189,14 +186,14 @@ def _scaled_logits(dots, expo, q_mant, sm_scale):
 @triton.jit
 def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_words, v_scales,
                  first_tok, ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok,
-                 USE_FP8: tl.constexpr, PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
+                 PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
     """One page of the online softmax on its loaded bytes (:func:`_page_bytes`): returns the
     updated ``(m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head dimensions). A
     live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
     head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
     takes anyway (SPEC §15.18)."""
     live = (first_tok + tl.arange(0, 128)) < ctx
-    dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, USE_FP8, PTX)
+    dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, PTX)
     logits = _scaled_logits(dots, k_exp + q_exp, q_mant, sm_scale)
     seen = live[None, :] & g_ok[:, None]
     logits = tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
@@ -227,7 +224,7 @@ def _max_nan(a, b):
 def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, m_ptr, l_ptr,
                      HKV, P, NPAGES, sm_scale, G: tl.constexpr, GP: tl.constexpr,
                      PAGES: tl.constexpr, SPLITS: tl.constexpr, Q_IS_FP8: tl.constexpr,
-                     MXFP8: tl.constexpr, USE_FP8: tl.constexpr, PTX: tl.constexpr,
+                     MXFP8: tl.constexpr, PTX: tl.constexpr,
                      PV_DTYPE: tl.constexpr = tl.bfloat16):
     """q ``[T, Hkv*G, 128]``, pools ``u8[P, Hkv, 8704]``, table ``s32[T*Hkv, n]``, context
     ``s32[T*Hkv]``. One split: ``out``/``aux`` are the final output (aux = MXFP8 scales).
@@ -246,7 +243,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     # after their load, which would wait for them first).
     ok, base = page_offset(table_ptr, r, h, s * PAGES, ctx, HKV, P, NPAGES)
     qrow = t.to(tl.int64) * HKV * G + h * G + g
-    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, USE_FP8, PTX)
+    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, PTX)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc_even = tl.zeros((GP, 64), tl.float32)  # head dimensions 0, 2, .., 126
@@ -262,7 +259,7 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         if ok:
             m_i, l_i, acc_even, acc_odd = _attend_page(
                 q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, ks, vw, vs, (s * PAGES + i) * 128,
-                ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, USE_FP8, PV_DTYPE, PTX)
+                ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, PV_DTYPE, PTX)
         if i + 1 < PAGES:
             ok, k0, k1, k2, k3, ks, vw, vs = nxt
     # a q head that saw nothing outputs zeros; a poisoned one (NaN max) NaN
@@ -482,29 +479,11 @@ def kernel_name(call) -> str:
     layout = plan(group, n)
     if layout.splits == 1:
         return "attention_kernel"
-    split = "attention_split_kernel" if _gluon_partials(call, layout) else "attention_kernel"
-    return f"{split}[{layout.splits} splits]+reduce_kernel"
-
-
-def _gluon_partials(call, layout: Plan) -> bool:
-    """Whether the split partials come from ``attention_gluon.attention_split_kernel`` (the
-    Triton kernel's split with explicit layouts: warps own tokens for QK, head dims for PV):
-    asked for (``cuda_kernels="gluon"``; measured against the Triton kernel in RESULTS), on
-    CUDA sm_80+, fp16 key dots, up to 16 q heads per kv head."""
-    return triton_call.gluon_requested(call) and not call.config.fp8_dots and layout.gp == 16
+    return f"attention_kernel[{layout.splits} splits]+reduce_kernel"
 
 
 def _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals):
     """The launch of the split kernel storing ``(o, m, l)`` partials."""
-    if _gluon_partials(call, layout):
-        from jax_mxfp4.gpu.kernels import attention_gluon
-
-        return triton_call.launch(
-            attention_gluon.attention_split_kernel, call.target, grid=grid,
-            buffers=(*inputs, "o_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
-            scalars=scalars,
-            constants={k: constants[k] for k in ("G", "PAGES", "SPLITS", "Q_IS_FP8")},
-            num_warps=attention_gluon.NUM_WARPS)
     return triton_call.launch(
         attention_kernel, call.target, grid=grid,
         buffers=(*inputs, "out_ptr", "m_ptr", "l_ptr"), avals=(*call.avals_in, *part_avals),
@@ -521,7 +500,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     mxfp8 = call.params["output"] == "mxfp8"
     constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
                  "Q_IS_FP8": jnp.dtype(call.avals_in[0].dtype) == jnp.float8_e4m3fn,
-                 "MXFP8": mxfp8, "USE_FP8": call.config.fp8_dots, "PV_DTYPE": tl.bfloat16}
+                 "MXFP8": mxfp8, "PV_DTYPE": tl.bfloat16}
     scalars = {"HKV": np.int32(kv_heads), "P": np.int32(call.avals_in[1].shape[0]),
                "NPAGES": np.int32(n), "sm_scale": np.float32(call.params["sm_scale"])}
     inputs = ("q_ptr", "k_ptr", "v_ptr", "table_ptr", "ctx_ptr")
