@@ -24,7 +24,7 @@ WHEEL_DIR  := build/dist
 # The suite runs from here (outside the checkout, so the working directory puts no source
 # package on sys.path); pytest reads its options from the checkout's pyproject.toml.
 TEST_RUN_DIR ?= $(or $(TMPDIR),/tmp)/jax_mxfp4-test-run
-PACKAGE_SOURCES := $(shell find jax_mxfp4 cdna_emulator -type f -not -path '*/__pycache__/*' \
+PACKAGE_SOURCES := $(shell find jax_mxfp4 cdna_emulator jax_mxfp4_tools -type f -not -path '*/__pycache__/*' \
 	-not -name '*.so' 2>/dev/null)
 
 .PHONY: demo test lint install clean wheel
@@ -67,6 +67,7 @@ wheel: $(WHEEL_VENV)/.installed
 
 lint: $(WHEEL_VENV)/.installed
 	$(WPY) -m ruff check .
+	$(WHEEL_VENV)/bin/lint-imports
 
 test: $(WHEEL_VENV)/.installed lint
 	rm -rf $(TEST_RUN_DIR) && mkdir -p $(TEST_RUN_DIR)

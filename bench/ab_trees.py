@@ -88,7 +88,7 @@ def lowering_from(modules: dict[str, object] | None):
 def named_cells(labels: list[str]) -> list:
     """The bench cells (``bench_gpu.cells()``) labelled ``labels``; exits naming any label
     that is not one."""
-    from jax_mxfp4 import bench_gpu
+    from jax_mxfp4_tools import bench_gpu
 
     cells = [c for c in bench_gpu.cells() if c.label in labels]
     missing = set(labels) - {c.label for c in cells}
@@ -100,7 +100,7 @@ def named_cells(labels: list[str]) -> list:
 def run(revs: list[str], labels: list[str], rounds: int) -> None:
     import numpy as np
 
-    from jax_mxfp4 import bench_gpu
+    from jax_mxfp4_tools import bench_gpu
 
     cells = named_cells(labels)
     trees = {rev: tree_modules(rev) for rev in revs} | {"this tree": None}

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_mxfp4 import bench_gpu
 from jax_mxfp4.backend import backend_scope
 from jax_mxfp4.reference.index_scores import scoring_query
 from jax_mxfp4.targets import CUDA, DEFAULT_UNITS
+from jax_mxfp4_tools import bench_gpu
 
 H200_SMS = DEFAULT_UNITS[CUDA]
 

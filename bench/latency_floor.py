@@ -197,7 +197,7 @@ def measure(rows_list=(1, 8, 32), calls: int = 10) -> list[tuple[str, float]]:
     import jax
     import jax.numpy as jnp
 
-    from jax_mxfp4 import bench_gpu
+    from jax_mxfp4_tools import bench_gpu
 
     rng = np.random.default_rng(0)
     out = []
@@ -232,7 +232,7 @@ def measure_index(rows: int, blocks: int, calls: int = 10) -> list[tuple[str, fl
     import jax.numpy as jnp
 
     import jax_mxfp4 as jm
-    from jax_mxfp4 import bench_gpu
+    from jax_mxfp4_tools import bench_gpu
 
     rng = np.random.default_rng(0)
     pool = jnp.asarray(rng.integers(0, 256, (rows * blocks, formats.PAGE_BYTES)), jnp.uint8)

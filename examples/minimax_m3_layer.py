@@ -65,7 +65,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mxfp4 as jm
-from jax_mxfp4.demo.layer import HEAD_DIM, PAGE, SM_SCALE, TOPK, rms_norm, rope
+from jax_mxfp4_tools.demo.layer import HEAD_DIM, PAGE, SM_SCALE, TOPK, rms_norm, rope
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 

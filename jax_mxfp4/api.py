@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_mxfp4 import primitives, validate
+from jax_mxfp4 import backend, primitives, validate
 from jax_mxfp4.metadata import as_int32
 from jax_mxfp4.selection import SparseSelection
+
+
+def _backend_shapes(names: tuple[str, ...], operands) -> None:
+    """Trace time: ``validate.static_shapes`` of ``operands`` (called ``names``) where the
+    current backend needs static shapes (``Backend.static_shapes``: the emulated ROCm
+    backends); for the others, the platform a call is lowered for decides
+    (``primitives._operation``)."""
+    name = backend.get_backend()
+    if backend.backend(name).static_shapes:
+        validate.static_shapes(zip(names, operands, strict=True), f"backend {name!r}")
 
 
 def _table_and_rows(block_table, positions, requests) -> tuple[jnp.ndarray, ...]:
@@ -34,7 +44,7 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
     """
     pool, x, slots = jnp.asarray(pool), jnp.asarray(x), as_int32(slots, "slots", "id")
     validate.write_cache_args(pool, x, slots, round_mode)
-    validate.backend_shapes(("pool", "x", "slots"), (pool, x, slots))
+    _backend_shapes(("pool", "x", "slots"), (pool, x, slots))
     return primitives.write_cache(pool, x, slots, round_mode=round_mode)
 
 
@@ -69,7 +79,7 @@ def write_kv_cache(
     validate.write_cache_args(v_pool, v, slots, round_mode, ("v_pool", "v", "slots"))
     if k_pool.ndim != 3:
         raise ValueError(f"k_pool must be uint8[P, Hkv, 8704], got shape {list(k_pool.shape)}")
-    validate.backend_shapes(("k_pool", "v_pool", "k", "v", "slots"),
+    _backend_shapes(("k_pool", "v_pool", "k", "v", "slots"),
                             (k_pool, v_pool, k, v, slots))
     k_pool = primitives.write_cache(k_pool, k, slots, round_mode=round_mode)
     v_pool = primitives.write_cache(v_pool, v, slots, round_mode=round_mode)
@@ -85,7 +95,7 @@ def write_kv_cache(
                          f"{list(index_k.shape)}")
     validate.write_cache_args(index_pool, index_k, index_slots, round_mode,
                               ("index_pool", "index_k", "index_slots"))
-    validate.backend_shapes(("index_pool", "index_k", "index_slots"),
+    _backend_shapes(("index_pool", "index_k", "index_slots"),
                             (index_pool, index_k, index_slots))
     index_pool = primitives.write_cache(index_pool, index_k, index_slots, round_mode=round_mode)
     return k_pool, v_pool, index_pool
@@ -109,7 +119,7 @@ def index_scores(
     args = (jnp.asarray(q), jnp.asarray(index_pool), *_table_and_rows(block_table, positions,
                                                                       requests))
     validate.index_scores_args(*args, num_blocks, sm_scale, q_round)
-    validate.backend_shapes(("q", "index_pool", "block_table", "positions", "requests"), args)
+    _backend_shapes(("q", "index_pool", "block_table", "positions", "requests"), args)
     return primitives.index_scores(
         *args, num_blocks=int(num_blocks), sm_scale=float(sm_scale), q_round=q_round
     )
@@ -127,7 +137,7 @@ def select_blocks(
     """
     args = (jnp.asarray(scores), *_table_and_rows(block_table, positions, requests))
     validate.select_blocks_args(*args, topk, init_blocks, local_blocks)
-    validate.backend_shapes(("scores", "block_table", "positions", "requests"), args)
+    _backend_shapes(("scores", "block_table", "positions", "requests"), args)
     return primitives.select_blocks(
         *args, topk=int(topk), init_blocks=int(init_blocks), local_blocks=int(local_blocks)
     )
@@ -151,5 +161,5 @@ def sparse_attention(
             as_int32(page_table, "page_table", "id"),
             as_int32(context_lens, "context_lens", "length"))
     validate.sparse_attention_args(*args, sm_scale, output)
-    validate.backend_shapes(("q", "k_pool", "v_pool", "page_table", "context_lens"), args)
+    _backend_shapes(("q", "k_pool", "v_pool", "page_table", "context_lens"), args)
     return primitives.sparse_attention(*args, sm_scale=float(sm_scale), output=output)

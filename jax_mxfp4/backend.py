@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 
 from jax._src import config as _jax_config
 
+from jax_mxfp4.targets import native
+
 AUTO, REFERENCE = "auto", "reference"
 GFX950_KERNEL_CHOICES = ("flydsl", "triton")
 CUDA_KERNEL_CHOICES = ("auto", "triton")
@@ -87,13 +89,7 @@ def backend(name: str) -> Backend:
         raise ValueError(f"backend must be one of {backends()}, got {name!r}") from None
 
 
-def _native_target(platform: str, ctx, config):
-    from jax_mxfp4.targets import native  # targets imports this module
-
-    return native(platform, ctx, config)
-
-
-register_backend(Backend(AUTO, "each platform's own kernels", _native_target))
+register_backend(Backend(AUTO, "each platform's own kernels", native))
 register_backend(Backend(REFERENCE, "the plain jax.numpy lowering everywhere", None))
 
 

@@ -32,19 +32,8 @@ import jax
 
 from jax_mxfp4 import ffi_targets
 from jax_mxfp4.backend import LoweringConfig
+from jax_mxfp4.reasons import FLYDSL_REQUIREMENT, TRITON_REQUIREMENT, LoadFailure
 from jax_mxfp4.targets import CPU, CUDA, ROCM, Target
-
-TRITON_REQUIREMENT = "install the gpu extra: pip install 'jax_mxfp4[gpu]'"
-FLYDSL_REQUIREMENT = (
-    "install the rocm extra (pip install 'jax_mxfp4[rocm]') or point JAX_MXFP4_KERNEL_DIR at "
-    "prebuilt code objects (python -m jax_mxfp4 build)"
-)
-
-
-class LoadFailure(str):
-    """A reason (``covers``/``available`` answer) meaning "this lowering is meant for the call
-    but is broken here": not installed, not importable, no code object. :func:`choose` stops
-    at it; the call fails naming it, never quietly lowering to the next kernel set."""
 
 
 @dataclasses.dataclass(frozen=True)

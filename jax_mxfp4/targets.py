@@ -8,10 +8,12 @@ else in the package asks devices for their architecture.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 
-from jax_mxfp4.backend import LoweringConfig
+if TYPE_CHECKING:  # backend imports this module: the "auto" backend's target is native()
+    from jax_mxfp4.backend import LoweringConfig
 
 CPU, CUDA, ROCM = "cpu", "cuda", "rocm"
 GPU_PLATFORMS = (CUDA, ROCM)

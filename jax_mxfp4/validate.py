@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp4 import backend as backends
 from jax_mxfp4.formats import HEAD_DIM, PAGE_BYTES, ROUND_MODES
 from jax_mxfp4.metadata import METADATA_DTYPES
 from jax_mxfp4.scaling import FLT_MIN, LOG2E_LITERAL
@@ -150,15 +149,6 @@ def static_shapes(operands, where: str) -> None:
                     f"Export with concrete sizes, or with backend 'auto' on the CPU (the C++ "
                     f"handlers) or backend 'reference', which take symbolic dimensions"
                 )
-
-
-def backend_shapes(names: tuple[str, ...], operands) -> None:
-    """Trace time: :func:`static_shapes` of ``operands`` (called ``names``) where the current
-    backend needs static shapes (``Backend.static_shapes``: the emulated ROCm backends); for
-    the others, the platform a call is lowered for decides (``primitives._operation``)."""
-    name = backends.get_backend()
-    if backends.backend(name).static_shapes:
-        static_shapes(zip(names, operands, strict=True), f"backend {name!r}")
 
 
 def option(value, name: str, choices: tuple[str, ...]) -> str:

@@ -33,8 +33,9 @@ import jax_mxfp4 as jm
 
 if os.environ.get("JAX_MXFP4_TEST_INSTALLED") == "1":  # make test (CI): the wheel, not sources
     import cdna_emulator
+    import jax_mxfp4_tools
 
-    _problems = installed_package_problems((jm, cdna_emulator), sys.path)
+    _problems = installed_package_problems((jm, cdna_emulator, jax_mxfp4_tools), sys.path)
     assert not _problems, "make test must test the installed wheel: " + "; ".join(_problems)
 
 BF16 = ml_dtypes.bfloat16

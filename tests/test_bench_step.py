@@ -1,4 +1,4 @@
-"""The decode-step comparison (``jax_mxfp4.bench_step``) computes what it says, on the CPU at
+"""The decode-step comparison (``jax_mxfp4_tools.bench_step``) computes what it says, on the CPU at
 a small size: the MXFP4 sparse step attends over every block when the context fits in the
 top 16, so its output (MXFP8, dequantized) matches plain-jnp attention over the dequantized
 MXFP4 pools to the formats' precision (relative L2 about 0.03: MXFP8 output, e4m3 query); the
@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import bench_step
+from jax_mxfp4_tools import bench_step
 
 
 def test_the_compared_steps_agree(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 
-from jax_mxfp4.__main__ import main
+from jax_mxfp4.cli import main
 
 
 def _run(*argv: str) -> str:

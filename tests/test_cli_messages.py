@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import bench
-from jax_mxfp4.__main__ import build_parser, main
+from jax_mxfp4.cli import build_parser, main
+from jax_mxfp4_tools import bench
 
 
 def _run(*argv: str) -> tuple[int, str, str]:

@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from jax_mxfp4 import __main__ as cli
-from jax_mxfp4 import demo
+from jax_mxfp4 import cli
+from jax_mxfp4_tools import demo
 
 ARGV = [
     "--prefill-lens", "2200,300", "--decode-steps", "2", "--prefill-chunk", "1024",

@@ -14,7 +14,7 @@ backends whose kernels need static sizes refuse, naming the operand and its dime
 Mutation checks: the reference's ``map_row_chunks`` / ``rows_per_chunk`` as before (comparing
 the symbolic row count with the chunk) fails test_symbolic_rows_export_and_run for
 index_scores and both sparse_attention outputs (JAX's InconclusiveDimensionOperation); without
-``validate.backend_shapes``'s check every test_symbolic_rows_refused_by_the_emulated_backends
+``api._backend_shapes``'s check every test_symbolic_rows_refused_by_the_emulated_backends
 case fails (nothing refuses while tracing); without the check in the kernel primitive's
 lowering rule (``_operation._platform_rule``) every test_symbolic_rows_refused_for_gpu_kernels
 case fails (an InconclusiveDimensionOperation from a launch plan, naming no operand).

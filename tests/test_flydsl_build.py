@@ -91,7 +91,7 @@ def test_prebuilt_directory_is_used_without_compiling(built, monkeypatch, tmp_pa
 
 
 def test_cli_build_prints_the_manifest_table(built, monkeypatch, tmp_path):
-    from jax_mxfp4.__main__ import main
+    from jax_mxfp4.cli import main
 
     out, _ = built
     monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(out))  # reuse the session's build

@@ -35,11 +35,11 @@ BUILD = """
 import hashlib, importlib, json, sys
 import jax_mxfp4
 co_module = importlib.import_module("jax_mxfp4.hip_kernels.code_object")
-compiler = importlib.import_module("jax_mxfp4.hip_kernels.compiler")
+process = importlib.import_module("jax_mxfp4.hip_kernels.flydsl_process")
 
 compiled = []
-real = compiler.compile_spec
-compiler.compile_spec = lambda *a: compiled.append(1) or real(*a)
+real = process.compile_spec
+process.compile_spec = lambda *a: compiled.append(1) or real(*a)
 co = co_module.code_object("write_cache")
 print(json.dumps({"package": jax_mxfp4.__file__, "compiled": len(compiled),
                   "hsaco": hashlib.sha256(co.hsaco).hexdigest()}))

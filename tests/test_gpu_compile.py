@@ -17,7 +17,8 @@ pytest.importorskip("triton")
 
 import jax_mxfp4 as jm
 from jax_mxfp4.gpu import launch
-from jax_mxfp4.gpu.compiler import GFX942, SM90, Target, compile_kernel
+from jax_mxfp4.gpu.compiler import compile_kernel
+from jax_mxfp4.gpu.triton_compile import GFX942, SM90, Target
 
 TARGETS = {"cuda": ("90", SM90), "rocm": ("gfx942", GFX942)}
 

@@ -76,7 +76,7 @@ def _kernel_module(module: str, file: str | None):
 
 
 def main() -> None:
-    from jax_mxfp4.gpu.compiler import triton_compile
+    from jax_mxfp4.gpu.triton_compile import triton_compile
 
     stdin = sys.stdin.buffer
     stdout = os.fdopen(os.dup(1), "wb")  # the answers; anything else printed (Triton, LLVM)

@@ -1,12 +1,12 @@
 """Compiling Triton kernels to code objects at lowering time, cached on disk by content hash.
 
-A :class:`KernelSpec` names a ``@triton.jit`` function, its argument types and compile-time
-constants, and the launch options. :func:`compile_kernel` turns it into a :class:`Compiled`
-code object (cubin for CUDA, HSACO for ROCm) for one :class:`Target`, with the kernel's
-parameter list as the compiled code sees it (Triton appends two scratch pointers). Results are
-kept in memory and under ``$JAX_MXFP4_CACHE_DIR`` (default ``~/.cache/jax_mxfp4/kernels``),
-keyed by the kernel source, the specialization, the target and the Triton version, so a
-process compiles each variant once and later processes not at all.
+A ``KernelSpec`` (``triton_compile``) names a ``@triton.jit`` function, its argument types and
+compile-time constants, and the launch options. :func:`compile_kernel` turns it into a
+``Compiled`` code object (cubin for CUDA, HSACO for ROCm) for one ``Target``, with the
+kernel's parameter list as the compiled code sees it. Results are kept in memory and under
+``$JAX_MXFP4_CACHE_DIR`` (default ``~/.cache/jax_mxfp4/kernels``), keyed by the kernel source,
+the specialization, the target and the Triton version, so a process compiles each variant
+once and later processes not at all.
 """
 
 from __future__ import annotations
@@ -16,73 +16,12 @@ import functools
 import hashlib
 import json
 import os
-import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from jax_mxfp4.cache import kernel_cache_dir
-
-TRITON_EXTRA_PARAMS = 2
-"""Triton 3.x kernels take a global-scratch and a profile-scratch pointer after the user's."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A GPU architecture: ``backend`` "cuda" (``arch`` e.g. 90) or "hip" (e.g. "gfx942")."""
-
-    backend: str
-    arch: int | str
-    warp_size: int
-
-    @property
-    def platform(self) -> str:
-        return "CUDA" if self.backend == "cuda" else "ROCM"
-
-
-SM90 = Target("cuda", 90, 32)
-GFX942 = Target("hip", "gfx942", 64)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelSpec:
-    """One specialization of a Triton kernel.
-
-    ``signature``: ``(name, type)`` for every argument of the kernel in order; a type is a
-    Triton type string (``"*u8"``, ``"*bf16"``, ``"i32"``...) or ``"constexpr"``.
-    ``constants``: the value of every constexpr argument.
-    """
-
-    fn: Any  # triton.runtime.jit.JITFunction
-    signature: tuple[tuple[str, str], ...]
-    constants: tuple[tuple[str, Any], ...]
-    num_warps: int = 4
-    num_stages: int = 2
-    # registers per thread at most (ptxas's ``maxnreg``; Triton's HIP backend has no such
-    # option and drops it); None: the compiler's choice
-    max_registers: int | None = None
-
-    def runtime_args(self) -> list[tuple[str, str]]:
-        return [(n, t) for n, t in self.signature if t != "constexpr"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """A compiled kernel: the code object and what a launch needs to know about it."""
-
-    code: bytes
-    symbol: str
-    shared_mem: int
-    num_warps: int
-    warp_size: int
-    param_types: tuple[str, ...]  # the runtime args, then the Triton scratch pointers
-    code_hash: str
-    isa: str = ""  # the AMDGPU assembly of a ROCm code object (what the CDNA emulator runs)
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.num_warps * self.warp_size, 1, 1)
-
+from jax_mxfp4.gpu.triton_compile import Compiled, KernelSpec, Target, triton_compile
 
 _lock = threading.Lock()
 
@@ -105,79 +44,6 @@ def _key(spec: KernelSpec, target: Target) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _divisibility_attrs(spec: KernelSpec) -> dict:
-    """Pointers are 16-byte aligned (XLA's buffers are), which lets Triton vectorize."""
-    names = [n for n, _ in spec.signature]
-    return {
-        (names.index(n),): [["tt.divisibility", 16]]
-        for n, t in spec.signature if t.startswith("*")
-    }
-
-
-def _is_gluon(fn) -> bool:
-    """Whether ``fn`` is a ``@gluon.jit`` kernel (Triton with explicit layouts)."""
-    try:
-        from triton.experimental.gluon._runtime import GluonJITFunction
-    except ImportError:
-        return False
-    return isinstance(fn, GluonJITFunction)
-
-
-def triton_compile(spec: KernelSpec, target: Target) -> Compiled:
-    """Triton's compile of ``spec`` for ``target``, in this process."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    constants = dict(spec.constants)
-    source_type = ASTSource
-    if _is_gluon(spec.fn):
-        from triton.experimental.gluon._runtime import GluonASTSource as source_type
-    source = source_type(
-        spec.fn,
-        signature=dict(spec.signature),
-        constexprs=constants,
-        attrs=_divisibility_attrs(spec),
-    )
-    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    if spec.max_registers is not None:
-        options["maxnreg"] = spec.max_registers
-    kernel = triton.compile(
-        source, target=GPUTarget(target.backend, target.arch, target.warp_size), options=options
-    )
-    md = kernel.metadata
-    for field in ("global_scratch_size", "profile_scratch_size"):
-        if getattr(md, field, 0):
-            raise RuntimeError(f"{spec.fn.__name__}: {field} = {getattr(md, field)} is unsupported")
-    code = kernel.asm["cubin" if target.backend == "cuda" else "hsaco"]
-    runtime = [t for _, t in spec.runtime_args()]
-    params = (*runtime, *(["*i8"] * TRITON_EXTRA_PARAMS))
-    counted = count_params(kernel.asm, target)
-    if counted != len(params):
-        raise RuntimeError(
-            f"{spec.fn.__name__}: the compiled kernel takes {counted} parameters, the launcher "
-            f"would pass {len(params)}"
-        )
-    return Compiled(
-        code=bytes(code), symbol=md.name, shared_mem=int(md.shared), num_warps=md.num_warps,
-        warp_size=target.warp_size, param_types=params,
-        code_hash=hashlib.sha256(bytes(code)).hexdigest(),
-        isa=kernel.asm.get("amdgcn", "") if target.backend == "hip" else "",
-    )
-
-
-def count_params(asm: dict, target: Target) -> int:
-    """Parameters of the compiled entry point, read from its PTX or its AMDGPU metadata."""
-    if target.backend == "cuda":
-        ptx = asm["ptx"]
-        start = ptx.index(".entry")
-        header = ptx[start : ptx.index(")", start)]
-        return len(re.findall(r"\.param\s", header))
-    text = asm["amdgcn"]
-    args = text[text.index(".args:") : text.index(".group_segment_fixed_size")]
-    return len(re.findall(r"\.offset:", args))
 
 
 def _load(path: Path) -> Compiled | None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu.compiler import Compiled
-from jax_mxfp4.lowering import FLYDSL_REQUIREMENT, LoadFailure
+from jax_mxfp4.reasons import FLYDSL_REQUIREMENT, LoadFailure
 
 from .abi import Specialization
 from .code_object import ARCHES, code_object

@@ -80,14 +80,6 @@ def _binary_from_ir(ir_text: str) -> bytes:
     return found[0]
 
 
-def compile_spec(spec: abi.Specialization, arch: str, cache_dir: Path) -> Compiled:
-    """Compile ``spec`` for ``arch`` in a process of its own that has a stand-in for torch
-    (``flydsl_process.py``); raise :class:`KernelBuildError` on any failure."""
-    from jax_mxfp4.hip_kernels import flydsl_process
-
-    return flydsl_process.compile_spec(spec, arch, cache_dir)
-
-
 def compile_spec_in_process(spec: abi.Specialization, arch: str, cache_dir: Path) -> Compiled:
     """Compile ``spec`` for ``arch`` with FlyDSL in this process (imports FlyDSL, which imports
     torch); raise :class:`KernelBuildError` on any failure."""

@@ -86,7 +86,7 @@ def test_emulate_command_profiles_the_lowerings_launches(built, monkeypatch):
     """``python -m jax_mxfp4 emulate --profile`` on one decode cell: the FlyDSL split-K
     attention and its merge, exactly as the gfx950 lowering launches them (grid from the split
     plan), one sampled workgroup each, with positive counts scaled to the grid."""
-    from jax_mxfp4.emulate_profile import profile_cells
+    from jax_mxfp4_tools.emulate_profile import profile_cells
 
     monkeypatch.setenv("JAX_MXFP4_KERNEL_DIR", str(built[0]))
     table = profile_cells("gfx950", ["decode 8 rows x 16 pages"], 1, True)

@@ -33,8 +33,8 @@ import numpy as np
 
 import jax_mxfp4 as jm
 from jax_mxfp4._table import format_table
-from jax_mxfp4.bench_gpu import gpu_events
 from jax_mxfp4.formats import PAGE_BYTES, PAGE_SCALE_OFFSET, PAGE_TOKENS
+from jax_mxfp4_tools.bench_gpu import gpu_events
 
 Q_HEADS, KV_HEADS, HEAD_DIM, TOPK = 16, 1, 128, 16
 SM_SCALE = HEAD_DIM**-0.5

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4.demo.accuracy import COMPARISONS, RequestLog, evaluate, record
-from jax_mxfp4.demo.layer import (
+from jax_mxfp4_tools.demo.accuracy import COMPARISONS, RequestLog, evaluate, record
+from jax_mxfp4_tools.demo.layer import (
     DENSE_LIMIT,
     HEAD_DIM,
     NUM_INDEX_HEADS,
@@ -49,7 +49,7 @@ from jax_mxfp4.demo.layer import (
     make_step_functions,
     project,
 )
-from jax_mxfp4.demo.report import (
+from jax_mxfp4_tools.demo.report import (
     CACHE_FORMATS,
     GIB,
     accuracy_table,

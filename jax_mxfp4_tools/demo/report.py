@@ -10,8 +10,8 @@ import numpy as np
 
 import jax_mxfp4 as jm
 from jax_mxfp4._table import format_table
-from jax_mxfp4.demo.accuracy import COMPARISONS
-from jax_mxfp4.demo.layer import (
+from jax_mxfp4_tools.demo.accuracy import COMPARISONS
+from jax_mxfp4_tools.demo.layer import (
     DENSE_LIMIT,
     HEAD_DIM,
     NUM_INDEX_HEADS,
@@ -22,7 +22,7 @@ from jax_mxfp4.demo.layer import (
 )
 
 if TYPE_CHECKING:
-    from jax_mxfp4.demo import DemoResult
+    from jax_mxfp4_tools.demo import DemoResult
 
 GIB = 1 << 30
 

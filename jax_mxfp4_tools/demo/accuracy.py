@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mxfp4.demo.layer import DENSE_LIMIT, HEAD_DIM, NUM_Q_HEADS, PAGE, SM_SCALE, TOPK
+from jax_mxfp4_tools.demo.layer import DENSE_LIMIT, HEAD_DIM, NUM_Q_HEADS, PAGE, SM_SCALE, TOPK
 
 _EVAL_CHUNK = 64  # query rows per reference call (one compiled shape)
 

@@ -24,8 +24,8 @@ import numpy as np
 import jax_mxfp4 as jm
 from jax_mxfp4._table import format_table
 from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.bench_inputs import index_inputs, random_pool
 from jax_mxfp4.formats import PAGE_BYTES, PAGE_TOKENS
+from jax_mxfp4_tools.bench_inputs import index_inputs, random_pool
 
 SM_SCALE = 128**-0.5
 Q_HEADS, KV_HEADS, INDEX_HEADS, TOPK = 16, 1, 1, 16  # MiniMax-M3.1 per rank at TP4
@@ -269,7 +269,7 @@ def gpu_unavailable_reason() -> str | None:
 
 def run_from_args(args) -> int:
     if args.device == "gpu" and args.step:
-        from jax_mxfp4 import bench_step
+        from jax_mxfp4_tools import bench_step
 
         print(bench_step.run(args.quick, args.repeats))
         return 0
@@ -280,7 +280,7 @@ def run_from_args(args) -> int:
                   "with a CUDA or ROCm GPU and a jax built for it (README: Install)",
                   file=sys.stderr)
             return 2
-        from jax_mxfp4 import bench_gpu
+        from jax_mxfp4_tools import bench_gpu
 
         print(bench_gpu.run(args.quick, args.repeats, not args.no_reference, args.cells))
         return 0
