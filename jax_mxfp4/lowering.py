@@ -151,8 +151,9 @@ def triton(module: str) -> KernelModule:
 
 
 def flydsl(module: str) -> KernelModule:
-    """The FlyDSL lowering in ``jax_mxfp4.hip_kernels.<module>`` (ROCm gfx950)."""
-    return KernelModule("flydsl", f"jax_mxfp4.hip_kernels.{module}", (ROCM,), FLYDSL_REQUIREMENT)
+    """The FlyDSL lowering in ``jax_mxfp4.hip_kernels.lowerings.<module>`` (ROCm gfx950)."""
+    return KernelModule("flydsl", f"jax_mxfp4.hip_kernels.lowerings.{module}", (ROCM,),
+                        FLYDSL_REQUIREMENT)
 
 
 @dataclasses.dataclass(frozen=True)

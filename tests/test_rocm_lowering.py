@@ -221,7 +221,7 @@ def test_gfx950_without_its_kernels_fails_loudly_instead_of_taking_triton(monkey
     rocm extra, or ask for Triton), and ``explain`` shows the same stop; Triton lowers only
     when asked for. Mutation: ``choose`` going on past a ``LoadFailure`` lowers Triton here
     and fails the first assertion."""
-    from jax_mxfp4.hip_kernels import _launch
+    from jax_mxfp4.hip_kernels.lowerings import _launch
 
     monkeypatch.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
     monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path))
@@ -240,8 +240,8 @@ def test_gfx950_without_its_kernels_fails_loudly_instead_of_taking_triton(monkey
 def test_a_kernel_module_that_does_not_import_is_the_error(monkeypatch, rocm):
     """A FlyDSL module failing to import (a broken install, as the wheel once was: it
     imported a top-level ``hip_kernels``) is reported with the import error, not skipped."""
-    monkeypatch.setitem(sys.modules, "jax_mxfp4.hip_kernels.index_scores", None)
+    monkeypatch.setitem(sys.modules, "jax_mxfp4.hip_kernels.lowerings.index_scores", None)
     fn, args, _ = _cases()["index_decode"]
-    with pytest.raises(NoLoweringError, match=r"jax_mxfp4\.hip_kernels\.index_scores does "
-                       r"not import"):
+    with pytest.raises(NoLoweringError, match=r"jax_mxfp4\.hip_kernels\.lowerings\.index_scores "
+                       r"does not import"):
         lower_for_rocm(fn, args)

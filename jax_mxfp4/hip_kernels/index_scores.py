@@ -34,15 +34,11 @@ import functools
 
 from jax_mxfp4.formats import PAGE_BYTES
 from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
-from jax_mxfp4.gpu import launch as launcher
-from jax_mxfp4.scaling import folded_score_scale
 
 from . import _ir as ir
-from . import _launch
 from . import _numerics as numerics
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, BLOCKS_PER_WAVE, TILINGS, Arg, Specialization, index_scores_tile
-from .code_object import code_object
 
 ARGS = (
     Arg("q", "pointer", "bf16|e4m3[T, H, 128] index queries"),
@@ -279,53 +275,3 @@ def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of one index_scores specialization."""
     assert spec.op == "index_scores"
     return jit_launcher(spec.symbol, ARGS, functools.partial(_body, _Geometry(spec)), THREADS)
-
-
-# --- lowering (available / covers / lower: jax_mxfp4.lowering.KernelModule) -----------------
-
-
-def _spec(call) -> Specialization:
-    """The specialization of a call: the prefill tiling when a request has at least a
-    prefill tile of rows, the decode tiling otherwise."""
-    q_aval, _, table_aval = call.avals_in[:3]
-    rows, heads = q_aval.shape[0], q_aval.shape[1]
-    q = _launch.q_dtype(q_aval)
-    prefill = Specialization("index_scores", q=q, heads=heads, tiling="prefill")
-    per_request = rows // max(1, table_aval.shape[0])
-    tiling = "prefill" if per_request >= index_scores_tile(prefill)[0] else "decode"
-    return Specialization("index_scores", q=q, heads=heads, tiling=tiling)
-
-
-def available(target, config) -> str | None:
-    return _launch.available(target, config)
-
-
-def covers(call) -> str | None:
-    heads = call.avals_in[0].shape[1]
-    if heads not in _launch.POWERS:
-        return f"the kernels are built for {_launch.POWERS} index heads, not {heads}"
-    if _launch.q_dtype(call.avals_in[0]) == "bf16" and call.params["q_round"] != "e4m3":
-        return "q_round='none' keeps a bf16 query bf16: the scaled MFMA takes e4m3 queries"
-    return _launch.code_object_problem(_spec(call), call.target.arch)
-
-
-def kernel_name(call) -> str:
-    return _spec(call).symbol
-
-
-def lower(ctx, call, q, pool, table, positions, requests):
-    q_aval, pool_aval, table_aval = call.avals_in[:3]
-    rows = q_aval.shape[0]
-    num_requests, width = table_aval.shape
-    num_blocks = call.params["num_blocks"]
-    co = code_object(_spec(call), arch=call.target.arch)
-    grid = _launch.empty_or(co.grid(num_rows=rows, num_blocks=num_blocks), rows, num_blocks,
-                            num_requests)
-    launch = _launch.launch(
-        co, grid,
-        buffers=("q", "index_pool", "block_table", "positions", "requests", "out"),
-        scalars={"num_rows": rows, "num_pages": pool_aval.shape[0],
-                 "num_requests": num_requests, "table_width": width, "num_blocks": num_blocks,
-                 "score_scale": folded_score_scale(call.params["sm_scale"])})
-    return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
-                         call.avals_out)

@@ -12,18 +12,12 @@ Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid
 
 from __future__ import annotations
 
-from jax.interpreters import mlir
-
-from jax_mxfp4.formats import PAGE_BYTES, ROUND_MODE_CODES
+from jax_mxfp4.formats import PAGE_BYTES
 from jax_mxfp4.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
-from jax_mxfp4.gpu import launch as launcher
-from jax_mxfp4.pages import last_writer_slots
 
 from . import _ir as ir
-from . import _launch
 from ._signature import jit_launcher
 from .abi import BLOCK_THREADS, Arg, Specialization
-from .code_object import code_object
 
 ARGS = (
     Arg("pool", "pointer", "u8[P, Hkv, 8704] pool, written in place (index pool: Hkv = 1)"),
@@ -132,37 +126,3 @@ def build(spec: Specialization):
     """The ``@flyc.jit`` launcher of the write_cache kernel (one specialization)."""
     assert spec.op == "write_cache"
     return jit_launcher(spec.symbol, ARGS, _body, THREADS)
-
-
-# --- lowering (available / covers / lower: jax_mxfp4.lowering.KernelModule) -----------------
-
-SPEC = Specialization("write_cache")
-
-
-def available(target, config) -> str | None:
-    return _launch.available(target, config) or _launch.code_object_problem(SPEC, target.arch)
-
-
-def covers(call) -> str | None:
-    return None  # every call: the round mode is a runtime argument
-
-
-def kernel_name(call) -> str:
-    return SPEC.symbol
-
-
-def lower(ctx, call, pool, x, slots):
-    """Slots a later row overwrites are dropped first (``pages.last_writer_slots``): the
-    kernel writes its rows in parallel, and the last writer must win (SPEC §15.14)."""
-    pool_aval, x_aval, slots_aval = call.avals_in
-    tokens = x_aval.shape[0]
-    heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1
-    sub = ctx.replace(avals_in=[slots_aval], avals_out=[slots_aval])
-    slots = mlir.lower_fun(lambda s: [last_writer_slots(s)])(sub, slots)[0]
-    co = code_object(SPEC, arch=call.target.arch)
-    launch = _launch.launch(
-        co, _launch.empty_or(co.grid(num_tokens=tokens, num_heads=heads), tokens, heads),
-        buffers=(None, "x", "slots", "pool"),  # the pool result, aliased to operand 0
-        scalars={"num_tokens": tokens, "num_pages": pool_aval.shape[0], "num_heads": heads,
-                 "round_mode": ROUND_MODE_CODES[call.params["round_mode"]]})
-    return launcher.emit(ctx, launch, [pool, x, slots], call.avals_in, call.avals_out, {0: 0})

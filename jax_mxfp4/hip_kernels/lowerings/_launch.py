@@ -15,11 +15,10 @@ import numpy as np
 
 from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.gpu.compiler import Compiled
+from jax_mxfp4.hip_kernels.abi import Specialization
+from jax_mxfp4.hip_kernels.code_object import ARCHES, code_object
+from jax_mxfp4.hip_kernels.flydsl_process import flydsl_installed
 from jax_mxfp4.reasons import FLYDSL_REQUIREMENT, LoadFailure
-
-from .abi import Specialization
-from .code_object import ARCHES, code_object
-from .flydsl_process import flydsl_installed
 
 WAVE = 64
 POWERS = (1, 2, 4, 8, 16)
