@@ -6,6 +6,8 @@ row's arithmetic never depends on them (SPEC §15.15: the same bits whatever the
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 PAGES_PER_SPLIT = 2
 """Split-K partition size of sparse attention on gfx950, in pages: partition ``k`` of every
 row is its pages ``[2k, 2k + 2)``. A constant, so a row's partitions - and so its bits -
@@ -30,4 +32,24 @@ def attention_splits(pages_per_row: int, pages_per_split: int) -> int:
     return max(1, -(-pages_per_row // pages_per_split))
 
 
-__all__ = ["PAGES_PER_SPLIT", "TRITON_PAGES_PER_SPLIT", "attention_splits"]
+class AttentionRows(NamedTuple):
+    """How every sparse-attention kernel sees a call: one row per (query row, kv head)."""
+
+    rows: int  # R = T * Hkv
+    group: int  # G: q heads per kv head
+    pages_per_row: int  # n: the page table's width
+    kv_heads: int  # Hkv
+
+
+def attention_rows(avals_in) -> AttentionRows:
+    """:class:`AttentionRows` of a ``sparse_attention`` call from its operands' avals
+    (``q [T, Hq, 128]``, ``k_pool [P, Hkv, 8704]``, ``v_pool``, ``page_table [T, Hkv, n]``,
+    ``context_lens``)."""
+    q_aval, k_aval, _, pages_aval, _ = avals_in
+    kv_heads = k_aval.shape[1]
+    return AttentionRows(q_aval.shape[0] * kv_heads, q_aval.shape[1] // kv_heads,
+                         pages_aval.shape[-1], kv_heads)
+
+
+__all__ = ["PAGES_PER_SPLIT", "TRITON_PAGES_PER_SPLIT", "AttentionRows", "attention_rows",
+           "attention_splits"]

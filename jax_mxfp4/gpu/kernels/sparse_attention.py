@@ -466,16 +466,8 @@ def covers(call) -> str | None:
     return None  # every call of the operation
 
 
-def _shape(call) -> tuple[int, int, int, int]:
-    """(rows R = T * Hkv, q heads per kv head G, pages per row n, kv heads Hkv)."""
-    q_aval, k_aval, _, pages_aval, _ = call.avals_in
-    kv_heads = k_aval.shape[1]
-    return q_aval.shape[0] * kv_heads, q_aval.shape[1] // kv_heads, pages_aval.shape[-1], \
-        kv_heads
-
-
 def kernel_name(call) -> str:
-    _, group, n, _ = _shape(call)
+    _, group, n, _ = plans.attention_rows(call.avals_in)
     layout = plan(group, n)
     if layout.splits == 1:
         return "attention_kernel"
@@ -495,7 +487,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     """The attention kernel storing the output itself (one split), or storing per-split
     partials that ``reduce_kernel`` merges (the partials are the first call's results: XLA
     allocates them like any intermediate)."""
-    rows, group, n, kv_heads = _shape(call)
+    rows, group, n, kv_heads = plans.attention_rows(call.avals_in)
     layout = plan(group, n)
     mxfp8 = call.params["output"] == "mxfp8"
     constants = {"G": group, "GP": layout.gp, "PAGES": layout.pages, "SPLITS": layout.splits,
@@ -523,7 +515,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
     merge = triton_call.launch(
         reduce_kernel, call.target, grid=reduce_grid(rows),
-        buffers=("o_ptr", "m_ptr", "l_ptr", "out_ptr", "aux_ptr")[:3 + len(call.avals_out)],
+        buffers=("o_ptr", "m_ptr", "l_ptr", "out_ptr", *(("aux_ptr",) if mxfp8 else ())),
         avals=(*part_avals, *call.avals_out), scalars={},
         constants={"G": group, "GP": layout.gp, "SPLITS": layout.splits, "MXFP8": mxfp8,
                    "BLOCKS": REDUCE_BLOCKS},

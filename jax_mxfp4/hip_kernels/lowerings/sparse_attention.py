@@ -12,22 +12,14 @@ from jax_mxfp4.gpu import launch as launcher
 from jax_mxfp4.hip_kernels.abi import Specialization
 from jax_mxfp4.hip_kernels.code_object import code_object
 from jax_mxfp4.hip_kernels.lowerings import _launch
-from jax_mxfp4.plans import PAGES_PER_SPLIT, attention_splits
-
-
-def _shape(call) -> tuple[int, int, int, int]:
-    """(rows R = T * Hkv, q heads per kv head G, pages per row n, kv heads Hkv)."""
-    q_aval, k_aval, _, pages_aval, _ = call.avals_in
-    kv_heads = k_aval.shape[1]
-    return (q_aval.shape[0] * kv_heads, q_aval.shape[1] // kv_heads, pages_aval.shape[-1],
-            kv_heads)
+from jax_mxfp4.plans import PAGES_PER_SPLIT, attention_rows, attention_splits
 
 
 def _specs(call) -> tuple[Specialization, Specialization | None, int]:
     """(attention kernel, merge kernel or ``None``, partitions NP) of a call: the direct
     kernel when ``plans.attention_splits`` at ``plans.PAGES_PER_SPLIT`` gives one partition,
     else the split kernel (bf16 partials whatever the output) and the merge."""
-    _, group, n, _ = _shape(call)
+    _, group, n, _ = attention_rows(call.avals_in)
     q, output = _launch.q_dtype(call.avals_in[0]), call.params["output"]
     partitions = attention_splits(n, PAGES_PER_SPLIT)
     if partitions == 1:
@@ -42,7 +34,7 @@ def available(target, config) -> str | None:
 
 
 def covers(call) -> str | None:
-    group = _shape(call)[1]
+    group = attention_rows(call.avals_in)[1]
     if group not in _launch.POWERS:
         return f"the kernels are built for {_launch.POWERS} q heads per kv head, not {group}"
     attention, merge, _ = _specs(call)
@@ -61,7 +53,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     """The direct kernel, or the split kernel writing its partials as the results of its
     custom call (``bf16[R, NP, G, 128]`` and ``f32[R, NP, G, 2]``: XLA allocates them like
     any intermediate) and a second call (``attention_merge``) reducing them."""
-    rows, group, n, kv_heads = _shape(call)
+    rows, group, n, kv_heads = attention_rows(call.avals_in)
     attention, merge, partitions = _specs(call)
     co = code_object(attention, arch=call.target.arch)
     inputs = ("q", "k_pool", "v_pool", "page_table", "context_lens")
@@ -72,8 +64,9 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     grid = _launch.empty_or(co.grid(num_rows=rows, num_partitions=partitions), rows)
     if merge is None:
         mxfp8 = call.params["output"] == "mxfp8"
-        launch = _launch.launch(co, grid, buffers=(*inputs, "out", "out_aux")[:6 + mxfp8],
-                                scalars=scalars, nulls=() if mxfp8 else ("out_aux",))
+        outputs = ("out", "out_aux") if mxfp8 else ("out",)
+        launch = _launch.launch(co, grid, buffers=(*inputs, *outputs), scalars=scalars,
+                                nulls=() if mxfp8 else ("out_aux",))
         return launcher.emit(ctx, launch, operands, call.avals_in, call.avals_out)
     part_avals = [ShapedArray((rows, partitions, group, 128), jnp.bfloat16),
                   ShapedArray((rows, partitions, group, 2), jnp.float32)]
@@ -83,7 +76,7 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
     mxfp8 = call.params["output"] == "mxfp8"
     merged = _launch.launch(
         merge_co, _launch.empty_or(merge_co.grid(num_rows=rows), rows),
-        buffers=("partial_out", "partial_stats", "out", "out_aux")[:3 + mxfp8],
+        buffers=("partial_out", "partial_stats", "out", *(("out_aux",) if mxfp8 else ())),
         scalars={"num_rows": rows, "num_partitions": partitions},
         nulls=() if mxfp8 else ("out_aux",))
     return launcher.emit(ctx, merged, partials, part_avals, call.avals_out)
