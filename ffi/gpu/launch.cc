@@ -28,6 +28,9 @@ constexpr int64_t kMaxParams = 64;
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kStaticSharedLimit = 48 * 1024;
+constexpr int64_t kMaxBlockThreads = 1024;              // threads per block, CUDA and HIP
+constexpr int64_t kMaxSharedBytes = int64_t{1} << 20;   // a bound on the shared_mem attribute
+constexpr int64_t kMaxCodeBytes = int64_t{1} << 30;     // a bound on an inflated code object
 
 enum ParamKind : int32_t { kBuffer = 0, kI32 = 1, kI64 = 2, kF32 = 3, kNullPointer = 4 };
 
@@ -48,6 +51,40 @@ struct LaunchState {
 };
 
 ffi::TypeId LaunchState::id = XLA_FFI_UNKNOWN_TYPE_ID;
+
+// Every attribute of the custom call (launch.h says what each holds), decoded by name in one
+// place (the registration after this namespace) for the instantiate stage and the emulated
+// launch alike.
+struct LaunchAttrs {
+  std::string_view code;
+  int64_t code_size;
+  std::string_view code_hash;
+  std::string_view symbol;
+  ffi::Span<const int64_t> grid;
+  ffi::Span<const int64_t> block;
+  int64_t shared_mem;
+  ffi::Span<const int32_t> param_kinds;
+  ffi::Span<const int64_t> param_values;
+  ffi::Span<const int64_t> aliases;
+};
+
+}  // namespace
+}  // namespace jax_mxfp4::gpu
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    jax_mxfp4::gpu::LaunchAttrs, xla::ffi::StructMember<std::string_view>("code"),
+    xla::ffi::StructMember<int64_t>("code_size"),
+    xla::ffi::StructMember<std::string_view>("code_hash"),
+    xla::ffi::StructMember<std::string_view>("symbol"),
+    xla::ffi::StructMember<xla::ffi::Span<const int64_t>>("grid"),
+    xla::ffi::StructMember<xla::ffi::Span<const int64_t>>("block"),
+    xla::ffi::StructMember<int64_t>("shared_mem"),
+    xla::ffi::StructMember<xla::ffi::Span<const int32_t>>("param_kinds"),
+    xla::ffi::StructMember<xla::ffi::Span<const int64_t>>("param_values"),
+    xla::ffi::StructMember<xla::ffi::Span<const int64_t>>("aliases"));
+
+namespace jax_mxfp4::gpu {
+namespace {
 
 // ---- the per-process module cache ---------------------------------------------------------
 
@@ -186,15 +223,17 @@ ffi::Error CheckLaunchShape(ffi::Span<const int64_t> grid, ffi::Span<const int64
       return BadAttr("grid[" + std::to_string(i) + "] = " + std::to_string(grid[i]) +
                      " is outside [0, " + std::to_string(limit) + "]");
     }
-    if (block[i] < 1 || block[i] > 1024) {
+    if (block[i] < 1 || block[i] > kMaxBlockThreads) {
       return BadAttr("block[" + std::to_string(i) + "] = " + std::to_string(block[i]) +
-                     " is outside [1, 1024]");
+                     " is outside [1, " + std::to_string(kMaxBlockThreads) + "]");
     }
     s.grid[i] = static_cast<unsigned>(grid[i]);
     s.block[i] = static_cast<unsigned>(block[i]);
   }
-  if (block[0] * block[1] * block[2] > 1024) return BadAttr("more than 1024 threads per block");
-  if (shared < 0 || shared > (int64_t{1} << 20)) {
+  if (block[0] * block[1] * block[2] > kMaxBlockThreads) {
+    return BadAttr("more than " + std::to_string(kMaxBlockThreads) + " threads per block");
+  }
+  if (shared < 0 || shared > kMaxSharedBytes) {
     return BadAttr("shared_mem = " + std::to_string(shared) + " is out of range");
   }
   s.shared = static_cast<unsigned>(shared);
@@ -246,15 +285,9 @@ ffi::Error CheckAliases(ffi::Span<const int64_t> aliases, LaunchState& s) {
   return ffi::Error::Success();
 }
 
-struct CodeAttrs {
-  std::string_view code;
-  int64_t code_size;
-  std::string_view code_hash, symbol;
-};
-
-ffi::Error DecodeCode(const CodeAttrs& a, LaunchState& s) {
+ffi::Error DecodeCode(const LaunchAttrs& a, LaunchState& s) {
   if (a.symbol.empty() || a.code_hash.empty()) return BadAttr("symbol and code_hash are required");
-  if (a.code_size <= 0 || a.code_size > (int64_t{1} << 30)) {
+  if (a.code_size <= 0 || a.code_size > kMaxCodeBytes) {
     return BadAttr("code_size = " + std::to_string(a.code_size) + " is out of range");
   }
   std::vector<uint8_t> compressed;
@@ -268,29 +301,25 @@ ffi::Error DecodeCode(const CodeAttrs& a, LaunchState& s) {
   return ffi::Error::Success();
 }
 
+// Decodes and checks every attribute into `s` (its num_args and num_rets already set).
+ffi::Error DecodeLaunch(const LaunchAttrs& a, LaunchState& s) {
+  if (ffi::Error e = DecodeCode(a, s); e.failure()) return e;
+  if (ffi::Error e = CheckLaunchShape(a.grid, a.block, a.shared_mem, s); e.failure()) return e;
+  if (ffi::Error e = CheckParams(a.param_kinds, a.param_values, s); e.failure()) return e;
+  return CheckAliases(a.aliases, s);
+}
+
 // ---- the three stages ------------------------------------------------------------------------
 
 template <Platform P>
-ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(
-    int32_t device, ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view code,
-    int64_t code_size, std::string_view code_hash, std::string_view symbol,
-    ffi::Span<const int64_t> grid, ffi::Span<const int64_t> block, int64_t shared_mem,
-    ffi::Span<const int32_t> param_kinds, ffi::Span<const int64_t> param_values,
-    ffi::Span<const int64_t> aliases) {
+ffi::ErrorOr<std::unique_ptr<LaunchState>> Instantiate(int32_t device, ffi::RemainingArgs args,
+                                                       ffi::RemainingRets rets,
+                                                       LaunchAttrs attrs) {
   auto state = std::make_unique<LaunchState>();
   state->platform = P;
   state->num_args = static_cast<int64_t>(args.size());
   state->num_rets = static_cast<int64_t>(rets.size());
-  if (ffi::Error e = DecodeCode({code, code_size, code_hash, symbol}, *state); e.failure()) {
-    return ffi::Unexpected(std::move(e));
-  }
-  if (ffi::Error e = CheckLaunchShape(grid, block, shared_mem, *state); e.failure()) {
-    return ffi::Unexpected(std::move(e));
-  }
-  if (ffi::Error e = CheckParams(param_kinds, param_values, *state); e.failure()) {
-    return ffi::Unexpected(std::move(e));
-  }
-  if (ffi::Error e = CheckAliases(aliases, *state); e.failure()) {
+  if (ffi::Error e = DecodeLaunch(attrs, *state); e.failure()) {
     return ffi::Unexpected(std::move(e));
   }
   if (device >= 0) {  // XLA named the device: load now, not on the first run
@@ -418,23 +447,12 @@ ffi::Error Execute(void* stream, int32_t device, LaunchState* state, ffi::Remain
 // checked by the same code, the same parameter packing, then the launch handed to the emulator
 // (emulated.h) over the host buffers XLA gave the call. Where XLA gave an aliased pair two
 // buffers, the operand is copied into the result first, as on the GPU.
-ffi::Error ExecuteEmulated(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view code,
-                           int64_t code_size, std::string_view code_hash,
-                           std::string_view symbol, ffi::Span<const int64_t> grid,
-                           ffi::Span<const int64_t> block, int64_t shared_mem,
-                           ffi::Span<const int32_t> param_kinds,
-                           ffi::Span<const int64_t> param_values,
-                           ffi::Span<const int64_t> aliases) {
+ffi::Error ExecuteEmulated(ffi::RemainingArgs args, ffi::RemainingRets rets, LaunchAttrs attrs) {
   LaunchState state;
   state.platform = Platform::kRocm;
   state.num_args = static_cast<int64_t>(args.size());
   state.num_rets = static_cast<int64_t>(rets.size());
-  if (ffi::Error e = DecodeCode({code, code_size, code_hash, symbol}, state); e.failure()) {
-    return e;
-  }
-  if (ffi::Error e = CheckLaunchShape(grid, block, shared_mem, state); e.failure()) return e;
-  if (ffi::Error e = CheckParams(param_kinds, param_values, state); e.failure()) return e;
-  if (ffi::Error e = CheckAliases(aliases, state); e.failure()) return e;
+  if (ffi::Error e = DecodeLaunch(attrs, state); e.failure()) return e;
   for (const auto& [arg, ret] : state.aliases) {
     auto src = args.get<ffi::AnyBuffer>(arg);
     if (src.has_error()) return src.error();
@@ -506,16 +524,7 @@ namespace jg = jax_mxfp4::gpu;
       .Ctx<xla::ffi::DeviceOrdinal>()                          \
       .RemainingArgs()                                         \
       .RemainingRets()                                         \
-      .Attr<std::string_view>("code")                          \
-      .Attr<int64_t>("code_size")                              \
-      .Attr<std::string_view>("code_hash")                     \
-      .Attr<std::string_view>("symbol")                        \
-      .Attr<xla::ffi::Span<const int64_t>>("grid")             \
-      .Attr<xla::ffi::Span<const int64_t>>("block")            \
-      .Attr<int64_t>("shared_mem")                             \
-      .Attr<xla::ffi::Span<const int32_t>>("param_kinds")      \
-      .Attr<xla::ffi::Span<const int64_t>>("param_values")       \
-      .Attr<xla::ffi::Span<const int64_t>>("aliases")
+      .Attrs<jg::LaunchAttrs>()
 
 #define JAX_MXFP4_INITIALIZE_BINDING                           \
   xla::ffi::Ffi::BindInitialize()                              \
@@ -541,16 +550,7 @@ XLA_FFI_DEFINE_HANDLER(EmulatedTyped, jg::ExecuteEmulated,
                        xla::ffi::Ffi::Bind()
                            .RemainingArgs()
                            .RemainingRets()
-                           .Attr<std::string_view>("code")
-                           .Attr<int64_t>("code_size")
-                           .Attr<std::string_view>("code_hash")
-                           .Attr<std::string_view>("symbol")
-                           .Attr<xla::ffi::Span<const int64_t>>("grid")
-                           .Attr<xla::ffi::Span<const int64_t>>("block")
-                           .Attr<int64_t>("shared_mem")
-                           .Attr<xla::ffi::Span<const int32_t>>("param_kinds")
-                           .Attr<xla::ffi::Span<const int64_t>>("param_values")
-                           .Attr<xla::ffi::Span<const int64_t>>("aliases"));
+                           .Attrs<jg::LaunchAttrs>());
 
 extern "C" {
 
