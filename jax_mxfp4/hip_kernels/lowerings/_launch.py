@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_mxfp4.gpu import launch as launcher
-from jax_mxfp4.gpu.compiler import Compiled
+from jax_mxfp4.gpu.triton_compile import Compiled
 from jax_mxfp4.hip_kernels.abi import Specialization
 from jax_mxfp4.hip_kernels.code_object import ARCHES, code_object
 from jax_mxfp4.hip_kernels.flydsl_process import flydsl_installed
