@@ -1,8 +1,8 @@
 """The GPU kernels of other trees against this tree's, side by side in one device call.
 
 An A/B of a kernel change: the bench's cells lowered with each tree's Triton lowerings in turn
-(``jax_mxfp4/gpu/kernels/<op>.py``: its ``lower``, plan and kernels), interleaved for a few
-rounds, timed as ``python -m jax_mxfp4 bench`` times them (CUPTI device time per call,
+(``jax_mxfp4/_src/ops/<op>/triton.py``: its ``lower``, plan and kernels), interleaved for a
+few rounds, timed as ``python -m jax_mxfp4 bench`` times them (CUPTI device time per call,
 ``bench_gpu._measure``). The device machine has no git history, so the other trees' kernel
 modules are written here first, into ``bench/ab_trees/`` (ignored by git: pass it to the
 device tool's ``carry``)::
@@ -11,13 +11,16 @@ device tool's ``carry``)::
     python bench/ab_trees.py run --trees 7bfb418,36c296c \\
         --cells "b1 q4096 ctx 8K,b8 S4 H1 ctx 128K" --rounds 2  # on the device
 
-``prepare`` extracts each revision's ``jax_mxfp4/gpu/kernels/*.py`` as a package
-``ab_<rev>`` whose modules import each other instead of this tree's; everything else (the
-launcher, the compiler, the bench) is this tree's. ``run`` puts a tree's modules in place of
-this tree's in ``sys.modules`` while its cells are lowered (the lowering imports its module by
-name at every lowering: ``jax_mxfp4.lowering.KernelModule``), prints one line per round, tree
-and cell, then a table of the medians. A tree whose lowering no longer fits this tree's
-launcher fails its cells, reported and skipped.
+``prepare`` extracts each revision's Triton modules (``SOURCES``: each operation's lowering
+and kernel modules, and the shared device helpers of ``jax_mxfp4/_src/triton``) as a package
+``ab_<rev>`` of the same shape, whose modules import each other instead of this tree's;
+everything else (the launcher, the compiler, the bench) is this tree's. ``run`` puts a tree's
+lowerings in place of this tree's in ``sys.modules`` while its cells are lowered (the lowering
+imports its module by name at every lowering: ``dispatch.lowering.KernelModule``), prints one
+line per round, tree and cell, then a table of the medians. A tree whose lowering no longer
+fits this tree's launcher fails its cells, reported and skipped. Revisions from before the
+per-operation folders (``jax_mxfp4/_src/ops/``) are refused: prepare them with their own
+``bench/ab_trees.py``.
 """
 
 from __future__ import annotations
@@ -35,51 +38,72 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TREES = HERE / "ab_trees"
-KERNELS = "jax_mxfp4.gpu.kernels"
+SRC = "jax_mxfp4._src"
 OPS = ("index_scores", "sparse_attention", "select_blocks", "write_cache")
+SOURCES = re.compile(
+    r"jax_mxfp4/_src/(ops/\w+/(triton|triton_kernel|gluon_\w+)|triton/(mxfp4|row_dot))\.py")
+"""The files of a revision that make its Triton lowerings (paths inside the repository)."""
+THIS_TREES = ("from jax_mxfp4._src.triton import compile_worker, compiler, triton_call, "
+              "triton_compile\n")
+"""A prepared tree's ``triton/__init__.py``: the toolchain modules stay this tree's, beside the
+tree's own device helpers (``from <tree>.triton import mxfp4, triton_call`` takes one of each)."""
 
 
 def package_name(rev: str) -> str:
     return "ab_" + re.sub(r"\W", "_", rev)
 
 
+def _own_imports(text: str, package: str) -> str:
+    """``text`` with its imports of ``jax_mxfp4._src.ops`` and ``.triton`` pointed at
+    ``package``."""
+    return re.sub(rf"\b{re.escape(SRC)}\.(ops|triton)\b", rf"{package}.\1", text)
+
+
 def prepare(revs: list[str], out: Path = TREES, repo: Path = HERE.parent) -> list[Path]:
-    """Write each revision's kernel modules to ``out/ab_<rev>/``, their imports of
-    ``jax_mxfp4.gpu.kernels`` pointed at that package. Returns the package folders."""
+    """Write each revision's Triton modules (``SOURCES``) to ``out/ab_<rev>/`` in the tree's
+    own folders, their imports of each other pointed at that package. Returns the folders."""
     folders = []
     for rev in revs:
-        archive = subprocess.run(["git", "archive", rev, "jax_mxfp4/gpu/kernels"], cwd=repo,
-                                 capture_output=True, check=True).stdout
-        folder = out / package_name(rev)
-        folder.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            for member in tar.getmembers():
-                if member.isfile() and member.name.endswith(".py"):
+        archive = subprocess.run(["git", "archive", rev, "jax_mxfp4/_src"], cwd=repo,
+                                 capture_output=True).stdout
+        package, folder = package_name(rev), out / package_name(rev)
+        written = 0
+        with tarfile.open(fileobj=io.BytesIO(archive)) if archive else contextlib.nullcontext() \
+                as tar:
+            for member in tar.getmembers() if tar else ():
+                if member.isfile() and SOURCES.fullmatch(member.name):
+                    target = folder / Path(member.name).relative_to("jax_mxfp4/_src")
+                    target.parent.mkdir(parents=True, exist_ok=True)
                     text = tar.extractfile(member).read().decode()
-                    text = text.replace(KERNELS, package_name(rev))
-                    (folder / Path(member.name).name).write_text(text)
-        (folder / "__init__.py").touch()
+                    target.write_text(_own_imports(text, package))
+                    written += 1
+        if not written:
+            raise SystemExit(f"{rev} has no jax_mxfp4/_src/ops/<op>/triton.py: it predates the "
+                             f"per-operation folders; prepare it with its own bench/ab_trees.py")
+        for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+            (sub / "__init__.py").touch()
+        (folder / "triton" / "__init__.py").write_text(THIS_TREES)
         folders.append(folder)
     return folders
 
 
 def tree_modules(rev: str, trees: Path = TREES) -> dict[str, object]:
-    """The lowering modules (``OPS``) of a prepared tree, imported."""
+    """The Triton lowering modules (one per ``OPS``) of a prepared tree, imported."""
     if str(trees) not in sys.path:
         sys.path.insert(0, str(trees))
-    return {op: importlib.import_module(f"{package_name(rev)}.{op}") for op in OPS}
+    return {op: importlib.import_module(f"{package_name(rev)}.ops.{op}.triton") for op in OPS}
 
 
 @contextlib.contextmanager
 def lowering_from(modules: dict[str, object] | None):
     """Inside the block, the lowerings of ``modules`` (:func:`tree_modules`) stand in for this
     tree's; ``None`` leaves this tree's."""
-    names = [f"{KERNELS}.{op}" for op in OPS]
-    saved = {name: importlib.import_module(name) for name in names}
+    names = {op: f"{SRC}.ops.{op}.triton" for op in OPS}
+    saved = {name: importlib.import_module(name) for name in names.values()}
     try:
         if modules is not None:
             for op, module in modules.items():
-                sys.modules[f"{KERNELS}.{op}"] = module
+                sys.modules[names[op]] = module
         yield
     finally:
         sys.modules.update(saved)

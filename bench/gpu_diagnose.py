@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.reference.index_scores import scoring_query
-from jax_mxfp4.targets import CUDA, DEFAULT_UNITS
+from jax_mxfp4._src.core.targets import CUDA, DEFAULT_UNITS
+from jax_mxfp4._src.dispatch.backend import backend_scope
+from jax_mxfp4._src.ops.index_scores.reference import scoring_query
 from jax_mxfp4_tools import bench_gpu
 
 H200_SMS = DEFAULT_UNITS[CUDA]
@@ -98,7 +98,7 @@ def write_dedup_cost(tokens=(32, 4096, 16384), device: str = "cuda", timer=None)
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import write_cache as kernels
+    from jax_mxfp4._src.ops.write_cache import triton as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     for t in tokens:
@@ -121,7 +121,7 @@ def attention_warps(device: str = "cuda", timer=None, sizes=(1, 8, 32, 256)) -> 
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import sparse_attention as kernels
+    from jax_mxfp4._src.ops.sparse_attention import triton as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
@@ -177,7 +177,7 @@ def _index_launch(plan, inputs: dict):
     rounded to e4m3, fp16 dots)."""
     import triton.language as tl
 
-    from jax_mxfp4.gpu.kernels import index_scores_triton as kernels
+    from jax_mxfp4._src.ops.index_scores import triton_kernel as kernels
 
     a = inputs
     return functools.partial(
@@ -198,7 +198,7 @@ def index_variants(device: str = "cuda", timer=None,
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import index_scores as kernels
+    from jax_mxfp4._src.ops.index_scores import triton as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
@@ -232,7 +232,7 @@ def index_fold_variants(device: str = "cuda", timer=None,
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import index_scores as kernels
+    from jax_mxfp4._src.ops.index_scores import triton as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
@@ -264,7 +264,7 @@ def select_variants(device: str = "cuda", timer=None,
     import torch
     import triton
 
-    from jax_mxfp4.gpu.kernels import select_blocks as kernels
+    from jax_mxfp4._src.ops.select_blocks import triton as kernels
 
     timer = timer or (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50) * 1e3)
     gen = torch.Generator().manual_seed(0)
@@ -317,8 +317,8 @@ def split_plans(per_split=(2, 1), blocks=(4, 2, 1), rounds: int = 2,
     when a call is lowered, so each setting compiles its own kernels), ``rounds`` times
     interleaved: CUPTI device time per call by kernel, the split kernel and its merge side by
     side. The constants are restored afterwards."""
-    from jax_mxfp4 import plans
-    from jax_mxfp4.gpu.kernels import sparse_attention
+    from jax_mxfp4._src.core import plans
+    from jax_mxfp4._src.ops.sparse_attention import triton as sparse_attention
 
     saved = plans.TRITON_PAGES_PER_SPLIT, sparse_attention.REDUCE_BLOCKS
     try:
@@ -345,7 +345,7 @@ def row_plans(rounds: int = 2) -> None:
     everywhere, two everywhere, and as the plan picks (``index_scores.ONE_ROW_PAIRS``, read
     when a call is lowered), ``rounds`` times interleaved, CUPTI device time per call. The
     constant is restored afterwards."""
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     never, always = (1 << 30, 1 << 30), (0, 1 << 30)
     cells = [bench_gpu.index_cell(f"b{b} S1 H1 ctx {c // 1024}K", b, 1, c)

@@ -19,7 +19,7 @@ PY=python3
 } > "$OUT/env.txt" 2>&1
 # The device machine has no network: the build takes its tools from the image, and the
 # package's dependencies (jax, numpy, ml_dtypes) are there already.
-if ! $PY -c "import jax_mxfp4._ffi_gpu, jax_mxfp4.hip_kernels" 2>/dev/null; then
+if ! $PY -c "import jax_mxfp4._ffi_gpu, jax_mxfp4._src.flydsl" 2>/dev/null; then
   $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.txt" 2>&1 \
     || { echo "BUILD FAILED"; tail -30 "$OUT/build.txt"; exit 1; }
 fi

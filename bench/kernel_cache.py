@@ -2,7 +2,8 @@
 call carries, so the device spends its time timing instead of compiling.
 
 The lowering compiles every Triton kernel at lowering time and keeps it on disk by content hash
-(``jax_mxfp4.gpu.compiler``: the kernel's source, constants, target and Triton version). This
+(``jax_mxfp4._src.triton.compiler``: the kernel's source, constants, target and Triton
+version). This
 exports each named cell for CUDA sm_90 (``jax.export`` under ``lowering_options(gpu_arch=90)``,
 as ``tests/test_gpu_compile.py`` does), with this tree's kernels and with each prepared tree's
 (``bench/ab_trees.py``), into ``bench/kernel_cache/`` (ignored by git). On the device, point
@@ -33,7 +34,8 @@ def fill(trees: list[str], labels: list[str], cache: Path = CACHE) -> int:
     import numpy as np
 
     import jax_mxfp4 as jm
-    from jax_mxfp4.gpu import compiler, launch
+    from jax_mxfp4._src.gpu import launch
+    from jax_mxfp4._src.triton import compiler
 
     sys.path.insert(0, str(HERE))
     import ab_trees

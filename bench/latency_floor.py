@@ -35,7 +35,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from jax_mxfp4 import formats
+from jax_mxfp4._src.core import formats
 
 PAGES = 16  # a row's selected pages (MiniMax-M3.1's top-16 blocks)
 WORDS = tl.constexpr(formats.PAGE_BYTES // 4)  # uint32 words of a page
@@ -116,7 +116,7 @@ def index_pages_kernel(pos_ptr, pool_ptr, out_ptr, NB, PAGES_PER_PROGRAM: tl.con
 
 
 def target(units: int = 132):
-    from jax_mxfp4.targets import CUDA, Target
+    from jax_mxfp4._src.core.targets import CUDA, Target
 
     return Target(CUDA, CUDA, "90", units)
 
@@ -129,7 +129,7 @@ def launches(rows: int, num_pages: int, tgt=None) -> dict:
     import jax.numpy as jnp
     from jax.core import ShapedArray
 
-    from jax_mxfp4.gpu import triton_call
+    from jax_mxfp4._src.triton import triton_call
 
     tgt = tgt or target()
     i32 = jnp.int32
@@ -158,7 +158,7 @@ def index_launches(rows: int, blocks: int, tgt=None) -> dict:
     import jax.numpy as jnp
     from jax.core import ShapedArray
 
-    from jax_mxfp4.gpu import triton_call
+    from jax_mxfp4._src.triton import triton_call
 
     tgt = tgt or target()
     i32 = jnp.int32
@@ -184,7 +184,7 @@ def index_launches(rows: int, blocks: int, tgt=None) -> dict:
 def run_steps(steps, inputs) -> list:
     """The results of one probe's launches on ``inputs``, each launch as a custom call of the
     launcher (``launch.call``) on the previous one's results."""
-    from jax_mxfp4.gpu import launch as launcher
+    from jax_mxfp4._src.gpu import launch as launcher
 
     values = inputs
     for launch, result_avals in steps:

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import compiler, launch
+from jax_mxfp4._src.gpu import launch
+from jax_mxfp4._src.triton import compiler
 
 SM = 128**-0.5
 u8, i32 = jnp.uint8, jnp.int32

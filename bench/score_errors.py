@@ -28,7 +28,7 @@ import oracle
 from conftest import SM_SCALE, prefill_index_case
 
 import jax_mxfp4 as jm
-from jax_mxfp4.backend import backend_scope
+from jax_mxfp4._src.dispatch.backend import backend_scope
 
 BACKENDS = ("auto", "reference")
 Q_ROUNDS = ("none", "e4m3")

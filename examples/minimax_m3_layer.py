@@ -16,7 +16,7 @@ Model shapes are MiniMax-M3's (64 q heads, 4 kv heads = 4 index heads, head dim 
 Sharding (mesh axes ``dp`` x ``tp``): heads on ``tp`` (q, k, v and index-q weights, the K/V
 pools' kv-head axis; the index-K projection and index pool have one shared head, replicated
 over ``tp``); requests on ``dp``: the rows, and the pools' pages, each dp shard allocating its
-own requests' pages (ids stay global: see ``jax_mxfp4/primitives/_sharding.py``). The MXFP4
+own requests' pages (ids stay global: see ``jax_mxfp4/_src/dispatch/sharding.py``). The MXFP4
 operations run per shard with no communication. The output projection sums the kv-head
 groups' partial products in a fixed order after gathering them; the usual one all-reduce would
 equal the one-device sum only to rounding.

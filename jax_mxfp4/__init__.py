@@ -12,29 +12,8 @@ docs/spec.md (in the repository) says what each operation computes, bit for bit;
 holds the plain-jnp versions.
 """
 
-from jax_mxfp4 import (
-    emulated,  # noqa: F401  (registers the emulated ROCm backends)
-    metadata,
-    reference,
-)
-from jax_mxfp4.api import (
-    index_scores,
-    select_blocks,
-    sparse_attention,
-    write_cache,
-    write_kv_cache,
-)
-from jax_mxfp4.backend import (
-    backend_scope,
-    backends,
-    check_environment,
-    get_backend,
-    lowering_options,
-    set_backend,
-)
-from jax_mxfp4.explain import explain
-from jax_mxfp4.exporting import EXPORT_CHECKS, deserialize, export
-from jax_mxfp4.formats import (
+from jax_mxfp4 import metadata, reference
+from jax_mxfp4._src.core.formats import (
     HEAD_DIM,
     PAGE_BYTES,
     PAGE_TOKENS,
@@ -43,10 +22,25 @@ from jax_mxfp4.formats import (
     quantize_mxfp4,
     quantize_mxfp8,
 )
-from jax_mxfp4.metadata_checks import MetadataError, check_metadata
-from jax_mxfp4.pages import dequantize_pool, new_pool
-from jax_mxfp4.rows import decode_rows, prefill_rows, slot_mapping
-from jax_mxfp4.selection import SparseSelection
+from jax_mxfp4._src.core.metadata_checks import MetadataError, check_metadata
+from jax_mxfp4._src.core.pages import dequantize_pool, new_pool
+from jax_mxfp4._src.core.rows import decode_rows, prefill_rows, slot_mapping
+from jax_mxfp4._src.core.selection import SparseSelection
+from jax_mxfp4._src.dispatch import emulated  # noqa: F401  (registers the emulated ROCm backends)
+from jax_mxfp4._src.dispatch.backend import (
+    backend_scope,
+    backends,
+    check_environment,
+    get_backend,
+    lowering_options,
+    set_backend,
+)
+from jax_mxfp4._src.explain import explain
+from jax_mxfp4._src.exporting import EXPORT_CHECKS, deserialize, export
+from jax_mxfp4._src.ops.index_scores.api import index_scores
+from jax_mxfp4._src.ops.select_blocks.api import select_blocks
+from jax_mxfp4._src.ops.sparse_attention.api import sparse_attention
+from jax_mxfp4._src.ops.write_cache.api import write_cache, write_kv_cache
 
 check_environment()  # an unknown JAX_MXFP4_BACKEND fails here, once every backend registered
 

@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4._table import format_table
-from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.formats import PAGE_BYTES
+from jax_mxfp4._src.core._table import format_table
+from jax_mxfp4._src.core.formats import PAGE_BYTES
+from jax_mxfp4._src.dispatch.backend import backend_scope
 from jax_mxfp4_tools.bench_inputs import index_inputs, random_pool
 
 SM = 128**-0.5

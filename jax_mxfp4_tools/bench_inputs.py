@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4.formats import PAGE_BYTES, PAGE_SCALE_OFFSET, PAGE_TOKENS
+from jax_mxfp4._src.core.formats import PAGE_BYTES, PAGE_SCALE_OFFSET, PAGE_TOKENS
 
 
 def random_pool(rng, pages: int, heads: int | None = None) -> jnp.ndarray:

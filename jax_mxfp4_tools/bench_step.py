@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4._table import format_table
-from jax_mxfp4.formats import PAGE_BYTES, PAGE_SCALE_OFFSET, PAGE_TOKENS
+from jax_mxfp4._src.core._table import format_table
+from jax_mxfp4._src.core.formats import PAGE_BYTES, PAGE_SCALE_OFFSET, PAGE_TOKENS
 from jax_mxfp4_tools.bench_gpu import gpu_events
 
 Q_HEADS, KV_HEADS, HEAD_DIM, TOPK = 16, 1, 128, 16

@@ -22,9 +22,9 @@ import time
 import jax
 import numpy as np
 
-from jax_mxfp4 import emulated
-from jax_mxfp4._table import format_table
-from jax_mxfp4.backend import backend_scope
+from jax_mxfp4._src.core._table import format_table
+from jax_mxfp4._src.dispatch import emulated
+from jax_mxfp4._src.dispatch.backend import backend_scope
 from jax_mxfp4_tools import bench_gpu
 
 DEFAULT_CELLS = ("prefill", "b32 S1 H1 ctx 8K", "8 rows x 16 pages", "4096 tokens",

@@ -155,7 +155,7 @@ def rng(request) -> np.random.Generator:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """``(out_dir, {symbol: CodeObject})`` of one build of every specialization."""
-    from jax_mxfp4.hip_kernels.build import build_all
+    from jax_mxfp4._src.flydsl.build import build_all
 
     out = tmp_path_factory.mktemp("gfx950-kernels")
     cache = tmp_path_factory.mktemp("kernel-cache")

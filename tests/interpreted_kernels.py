@@ -27,14 +27,12 @@ import triton.language as tl
 from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case, widen_index_q
 from host_array import HostArray
 
-from jax_mxfp4.gpu.kernels import (
-    index_scores,
-    index_scores_triton,
-    mxfp4,
-    select_blocks,
-    sparse_attention,
-)
-from jax_mxfp4.scaling import folded_score_scale
+from jax_mxfp4._src.core.scaling import folded_score_scale
+from jax_mxfp4._src.ops.index_scores import triton as index_scores
+from jax_mxfp4._src.ops.index_scores import triton_kernel as index_scores_triton
+from jax_mxfp4._src.ops.select_blocks import triton as select_blocks
+from jax_mxfp4._src.ops.sparse_attention import triton as sparse_attention
+from jax_mxfp4._src.triton import mxfp4
 
 
 @triton.jit

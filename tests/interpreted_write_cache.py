@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from host_array import HostArray
 
-from jax_mxfp4.formats import ROUND_MODE_CODES
-from jax_mxfp4.gpu.kernels import write_cache as kernels
+from jax_mxfp4._src.core.formats import ROUND_MODE_CODES
+from jax_mxfp4._src.ops.write_cache import triton as kernels
 
 
 @triton.jit

@@ -20,14 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
                     reason="needs the git history of the checkout")
 def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
-    from jax_mxfp4.gpu import compiler
+    from jax_mxfp4._src.triton import compiler
 
     ab_trees, sass_stats = bench_scripts.load("ab_trees"), bench_scripts.load("sass_stats")
     (folder,) = ab_trees.prepare(["HEAD"], out=tmp_path)
-    assert "jax_mxfp4.gpu.kernels" not in (folder / "index_scores.py").read_text()
+    lowering = (folder / "ops" / "index_scores" / "triton.py").read_text()
+    assert "jax_mxfp4._src.ops" not in lowering and "ab_HEAD.ops.index_scores" in lowering
     modules = ab_trees.tree_modules("HEAD", trees=tmp_path)
     kernel = modules["index_scores"].index_scores_kernel  # the lowering's Triton kernel
-    assert kernel.fn.__module__ == "ab_HEAD.index_scores_triton"
+    assert kernel.fn.__module__ == "ab_HEAD.ops.index_scores.triton_kernel"
 
     compiled_from = []
     compile_kernel = compiler.compile_kernel
@@ -41,7 +42,7 @@ def test_a_prepared_tree_lowers_with_its_own_kernels(tmp_path, monkeypatch):
     with ab_trees.lowering_from(modules):  # a new function each time: jit caches a lowering
         sass_stats.kernels_of(lambda *a: fn(*a), args)
     sass_stats.kernels_of(lambda *a: fn(*a), args)
-    assert compiled_from == ["ab_HEAD.index_scores_triton",
-                             "jax_mxfp4.gpu.kernels.index_scores_triton"]
-    assert importlib.import_module("jax_mxfp4.gpu.kernels.index_scores").__name__ == \
-        "jax_mxfp4.gpu.kernels.index_scores"
+    assert compiled_from == ["ab_HEAD.ops.index_scores.triton_kernel",
+                             "jax_mxfp4._src.ops.index_scores.triton_kernel"]
+    assert importlib.import_module("jax_mxfp4._src.ops.index_scores.triton").__name__ == \
+        "jax_mxfp4._src.ops.index_scores.triton"

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from jax_mxfp4 import ffi_targets as ft
+from jax_mxfp4._src import ffi_targets as ft
 
 ADDRESS_SPACE_CAP = 6 << 30  # bytes; the process itself takes ~1.5 GiB of address space
 
@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(ft.SPARSE_ATTENTION not in ft.register_cpu_targets(),
+@pytest.mark.skipif(ft.cpu_target("mxfp4_sparse_attention") not in ft.register_cpu_targets(),
                     reason="the C++ extension jax_mxfp4._ffi_cpu is not built")
 @pytest.mark.parametrize("isa", ["native", "generic"])
 def test_wide_page_table_with_short_contexts_runs_in_little_memory(isa):

@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import backend, info
-from jax_mxfp4.lowering import NoLoweringError
+from jax_mxfp4._src import info
+from jax_mxfp4._src.dispatch import backend
+from jax_mxfp4._src.dispatch.lowering import NoLoweringError
 
 
 def _write_case():
@@ -177,7 +178,7 @@ _BROKEN = textwrap.dedent("""
     sys.meta_path.insert(0, Finder())
     import jax.numpy as jnp
     import jax_mxfp4 as jm
-    from jax_mxfp4 import info
+    from jax_mxfp4._src import info
     print("INFO", dict((op, what) for p, op, what in info.lowering_table())["mxfp4_write_cache"])
     try:
         jm.write_cache(jm.new_pool(2), jnp.ones((1, 128)), jnp.zeros(1, jnp.int32))

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import ffi_targets as ft
-from jax_mxfp4 import formats
+from jax_mxfp4._src import ffi_targets as ft
+from jax_mxfp4._src.core import formats
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -187,21 +187,21 @@ U8, BF16, S32, F32, F8 = jnp.uint8, jnp.bfloat16, jnp.int32, jnp.float32, jnp.fl
 
 
 def _write_call(pool=(2, 1, 8704), x=(3, 1, 128), slots=(3,), out=None, round_mode=0):
-    return lambda: _call(ft.WRITE_CACHE, [(pool, U8), (x, BF16), (slots, S32)],
+    return lambda: _call(ft.cpu_target("mxfp4_write_cache"), [(pool, U8), (x, BF16), (slots, S32)],
                          [(out or pool, U8)], round_mode=np.int32(round_mode))
 
 
 def _index_call(q=(2, 1, 128), q_dtype=BF16, pool=(2, 8704), table=(1, 3), rows=(2,),
                 out=(1, 2, 3)):
-    return lambda: _call(ft.INDEX_SCORES, [(q, q_dtype), (pool, U8), (table, S32), (rows, S32),
-                                           ((2,), S32)],
+    return lambda: _call(ft.cpu_target("mxfp4_index_scores"),
+                         [(q, q_dtype), (pool, U8), (table, S32), (rows, S32), ((2,), S32)],
                          [(out, F32)], score_scale=np.float32(0.1), round_q=True)
 
 
 def _select_call(scores=(1, 2, 3), table=(1, 3), rows=(2,), ids=(1, 2, 4), pages=(2, 1, 4),
                  ctx=(2, 1), init=0, local=1):
-    return lambda: _call(ft.SELECT_BLOCKS, [(scores, F32), (table, S32), (rows, S32),
-                                            ((2,), S32)],
+    return lambda: _call(ft.cpu_target("mxfp4_select_blocks"),
+                         [(scores, F32), (table, S32), (rows, S32), ((2,), S32)],
                          [(ids, S32), (pages, S32), (ctx, S32)], init_blocks=np.int64(init),
                          local_blocks=np.int64(local))
 
@@ -210,9 +210,10 @@ def _attention_call(q=(2, 4, 128), q_dtype=BF16, k=(2, 2, 8704), v=None, table=(
                     ctx=(2, 2), out=None, mxfp8=None):
     operands = [(q, q_dtype), (k, U8), (v or k, U8), (table, S32), (ctx, S32)]
     if mxfp8 is None:
-        return lambda: _call(ft.SPARSE_ATTENTION, operands, [(out or q, BF16)],
+        return lambda: _call(ft.cpu_target("mxfp4_sparse_attention"), operands, [(out or q, BF16)],
                              sm_scale=np.float32(0.1))
-    return lambda: _call(ft.SPARSE_ATTENTION_MXFP8, operands, mxfp8, sm_scale=np.float32(0.1))
+    return lambda: _call(ft.cpu_target("mxfp4_sparse_attention_mxfp8"), operands, mxfp8,
+                         sm_scale=np.float32(0.1))
 
 
 # (check, message, refused, accepted at the boundary)
@@ -277,7 +278,7 @@ HANDLER_CHECKS = [
 ]
 
 
-@pytest.mark.skipif(ft.SELECT_BLOCKS not in ft.register_cpu_targets(),
+@pytest.mark.skipif(ft.cpu_target("mxfp4_select_blocks") not in ft.register_cpu_targets(),
                     reason="the C++ extension jax_mxfp4._ffi_cpu is not built")
 @pytest.mark.parametrize(("check", "message", "refused", "accepted"), HANDLER_CHECKS,
                          ids=[c[0] for c in HANDLER_CHECKS])

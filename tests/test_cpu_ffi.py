@@ -37,11 +37,11 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jax_mxfp4 import ffi_targets as ft
-from jax_mxfp4 import formats
+from jax_mxfp4._src import ffi_targets as ft
+from jax_mxfp4._src.core import formats
 
 pytestmark = [
-    pytest.mark.skipif(ft.SELECT_BLOCKS not in ft.register_cpu_targets(),
+    pytest.mark.skipif(ft.cpu_target("mxfp4_select_blocks") not in ft.register_cpu_targets(),
                        reason="the C++ extension jax_mxfp4._ffi_cpu is not built"),
     pytest.mark.usefixtures("isa"),  # every test with the SIMD kernels and the portable ones
 ]
@@ -59,7 +59,7 @@ def _sds(shape, dtype):
 @functools.partial(jax.jit, static_argnames=("round_mode", "aliased"))
 def ffi_write_cache(pool, x, slots, *, round_mode="up", aliased=True):
     aliases = {0: 0} if aliased else {}
-    call = jax.ffi.ffi_call(ft.WRITE_CACHE, _sds(pool.shape, jnp.uint8),
+    call = jax.ffi.ffi_call(ft.cpu_target("mxfp4_write_cache"), _sds(pool.shape, jnp.uint8),
                             input_output_aliases=aliases)
     return call(pool, x.astype(jnp.bfloat16), slots.astype(jnp.int32),
                 round_mode=np.int32(ft.ROUND_MODE_CODES[round_mode]))
@@ -69,7 +69,7 @@ def ffi_write_cache(pool, x, slots, *, round_mode="up", aliased=True):
 def ffi_index_scores(q, pool, table, positions, requests, *, num_blocks, sm_scale,
                      q_round="e4m3"):
     out = _sds((q.shape[1], q.shape[0], num_blocks), jnp.float32)
-    return jax.ffi.ffi_call(ft.INDEX_SCORES, out)(
+    return jax.ffi.ffi_call(ft.cpu_target("mxfp4_index_scores"), out)(
         q, pool, table, positions, requests, score_scale=oracle.score_scale(sm_scale),
         round_q=q_round == "e4m3")
 
@@ -80,7 +80,7 @@ def ffi_select_blocks(scores, table, positions, requests, *, topk=16, init_block
     h, t, _ = scores.shape
     outs = (_sds((h, t, topk), jnp.int32), _sds((t, h, topk), jnp.int32),
             _sds((t, h), jnp.int32))
-    return jax.ffi.ffi_call(ft.SELECT_BLOCKS, outs)(
+    return jax.ffi.ffi_call(ft.cpu_target("mxfp4_select_blocks"), outs)(
         scores, table, positions, requests, init_blocks=np.int64(init_blocks),
         local_blocks=np.int64(local_blocks))
 
@@ -91,10 +91,10 @@ def ffi_sparse_attention(q, k_pool, v_pool, page_table, context_lens, *, sm_scal
     t, hq, d = q.shape
     if output == "mxfp8":
         outs = (_sds((t, hq * d), jnp.float8_e4m3fn), _sds((t, hq * d // 32), jnp.uint8))
-        target = ft.SPARSE_ATTENTION_MXFP8
+        target = ft.cpu_target("mxfp4_sparse_attention_mxfp8")
     else:
         outs = _sds((t, hq, d), jnp.bfloat16)
-        target = ft.SPARSE_ATTENTION
+        target = ft.cpu_target("mxfp4_sparse_attention")
     return jax.ffi.ffi_call(target, outs)(
         q, k_pool, v_pool, page_table, context_lens, sm_scale=np.float32(sm_scale))
 
@@ -427,20 +427,21 @@ def test_bad_operands_are_reported():
     pool = jnp.zeros((2, 8704), jnp.uint8)
     table = jnp.zeros((1, 2), jnp.int32)
     rows = jnp.zeros((2,), jnp.int32)
-    call = jax.ffi.ffi_call(ft.INDEX_SCORES, _sds((1, 2, 2), jnp.float32))
+    call = jax.ffi.ffi_call(ft.cpu_target("mxfp4_index_scores"), _sds((1, 2, 2), jnp.float32))
     with pytest.raises(Exception, match="q must be"):
         jax.block_until_ready(call(q, pool, table, rows, rows, score_scale=np.float32(1.0),
                                    round_q=True))
-    call = jax.ffi.ffi_call(ft.INDEX_SCORES, _sds((1, 2, 3), jnp.float32))  # NB > W
+    call = jax.ffi.ffi_call(ft.cpu_target("mxfp4_index_scores"),
+                            _sds((1, 2, 3), jnp.float32))  # NB > W
     with pytest.raises(Exception, match="NB <= W"):
         jax.block_until_ready(call(q.reshape(2, 1, 64).repeat(2, -1), pool, table, rows, rows,
                                    score_scale=np.float32(1.0), round_q=True))
-    wc = jax.ffi.ffi_call(ft.WRITE_CACHE, _sds((2, 1, 8704), jnp.uint8))
+    wc = jax.ffi.ffi_call(ft.cpu_target("mxfp4_write_cache"), _sds((2, 1, 8704), jnp.uint8))
     with pytest.raises(Exception, match="round_mode"):
         jax.block_until_ready(wc(jnp.zeros((2, 1, 8704), jnp.uint8),
                                  jnp.zeros((1, 1, 128), jnp.bfloat16), jnp.zeros((1,), jnp.int32),
                                  round_mode=np.int32(7)))
-    sel = jax.ffi.ffi_call(ft.SELECT_BLOCKS, (_sds((1, 2, 4), jnp.int32),
+    sel = jax.ffi.ffi_call(ft.cpu_target("mxfp4_select_blocks"), (_sds((1, 2, 4), jnp.int32),
                                               _sds((2, 1, 4), jnp.int32),
                                               _sds((2, 1), jnp.int32)))
     with pytest.raises(Exception, match="W >= NB"):

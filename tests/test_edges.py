@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jax_mxfp4 as jm
-from jax_mxfp4.pages import last_writer_slots
-from jax_mxfp4.reference.write_cache import scatter_targets
+from jax_mxfp4._src.core.pages import last_writer_slots
+from jax_mxfp4._src.ops.write_cache.reference import scatter_targets
 
 BACKENDS = ["auto", "reference"]
 

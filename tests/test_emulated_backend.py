@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import emulated
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.dispatch import emulated
+from jax_mxfp4._src.gpu import launch
 
 pytest.importorskip("triton")
 
@@ -135,8 +135,8 @@ def test_the_emulated_target_takes_the_units_the_lowering_is_told():
     """``lowering_options(gpu_units=...)`` sizes the emulated backends' launch plans as it does
     a GPU's (a test can then reach the plans a large device takes with a few rows); without it
     the emulated device keeps its own count."""
-    from jax_mxfp4.backend import LoweringConfig
-    from jax_mxfp4.targets import CPU
+    from jax_mxfp4._src.core.targets import CPU
+    from jax_mxfp4._src.dispatch.backend import LoweringConfig
 
     for name, (arch, units) in emulated.EMULATED.items():
         target = emulated._target(arch, units)

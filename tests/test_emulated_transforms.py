@@ -9,7 +9,7 @@ for bit on the same backend. How each kernel compares with the reference is the 
 the operation tests (``tests/test_index_scores.py`` ... marked ``emulated``).
 
 Mutation check (performed by hand): the batching rule of ``sparse_attention`` without the
-page-id offset of batched pools (``primitives/_batching.py`` ``offset_ids``) makes
+page-id offset of batched pools (``dispatch/batching.py`` ``offset_ids``) makes
 test_vmap_folds_into_one_launch fail on both backends.
 """
 
@@ -33,7 +33,7 @@ from test_transforms import (
 )
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.gpu import launch
 
 pytest.importorskip("triton")
 

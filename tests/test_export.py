@@ -14,9 +14,9 @@ backends whose kernels need static sizes refuse, naming the operand and its dime
 Mutation checks: the reference's ``map_row_chunks`` / ``rows_per_chunk`` as before (comparing
 the symbolic row count with the chunk) fails test_symbolic_rows_export_and_run for
 index_scores and both sparse_attention outputs (JAX's InconclusiveDimensionOperation); without
-``api._backend_shapes``'s check every test_symbolic_rows_refused_by_the_emulated_backends
+``operation.check_static_shapes``'s check every test_symbolic_rows_refused_by_the_emulated_backends
 case fails (nothing refuses while tracing); without the check in the kernel primitive's
-lowering rule (``_operation._platform_rule``) every test_symbolic_rows_refused_for_gpu_kernels
+lowering rule (``operation._platform_rule``) every test_symbolic_rows_refused_for_gpu_kernels
 case fails (an InconclusiveDimensionOperation from a launch plan, naming no operand).
 """
 
@@ -34,8 +34,8 @@ import pytest
 from conftest import SM_SCALE, random_pages
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import exporting, ffi_targets
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src import exporting, ffi_targets
+from jax_mxfp4._src.gpu import launch
 
 PAGES, BLOCKS, REQUESTS = 12, 4, 3
 
@@ -103,7 +103,7 @@ def test_checks_name_every_registered_target(rng):
         str(jax.export.DisabledSafetyCheck.custom_call(t)) for t in exporting.CUSTOM_CALL_TARGETS}
     text = jm.export(decode_step)(*step_args(rng)).mlir_module()
     called = set(re.findall(r"stablehlo.custom_call @(\w+)", text))
-    assert called == set(ffi_targets.CPU_TARGETS)  # every CPU target is exercised above
+    assert called == set(ffi_targets.cpu_target_names())  # every CPU target is exercised above
 
 
 def test_export_checks_work_with_jax_export_directly(rng):
@@ -243,3 +243,17 @@ def test_symbolic_rows_refused_for_gpu_kernels(rng, platform, arch, op):
             rf"on {platform} {arch}:")
     with jm.lowering_options(gpu_arch=arch), pytest.raises(ValueError, match=want):
         jm.export(fn, platforms=[platform])(*_symbolic_specs(args, row_axes))
+
+
+def test_cpu_targets_are_the_operations_own():
+    """The C++ side writes each target name once (``JAX_MXFP4_CPU_TARGET`` in ffi/cpu); each
+    operation's CPU lowering derives its target from the operation's primitive name
+    (``ffi_targets.cpu_target``). The two sets must be one: a renamed primitive or handler
+    fails here, not at a user's first call."""
+    from jax_mxfp4._src.dispatch.lowering import CpuHandler
+    from jax_mxfp4._src.dispatch.operation import OPERATIONS
+
+    wanted = {lowering.target for op in OPERATIONS for lowering in op.lowerings
+              if isinstance(lowering, CpuHandler)}
+    assert len(wanted) == len(OPERATIONS) == 5
+    assert wanted == ffi_targets.cpu_target_names()

@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from jax_mxfp4.hip_kernels import abi, toolchain
-from jax_mxfp4.hip_kernels.code_object import LDS_LIMIT, code_object
-from jax_mxfp4.hip_kernels.metadata import kernel_info, waves_per_simd
+from jax_mxfp4._src.flydsl import abi, toolchain
+from jax_mxfp4._src.flydsl.code_object import LDS_LIMIT, code_object
+from jax_mxfp4._src.flydsl.metadata import kernel_info, waves_per_simd
 
 SCALED_MFMA = "v_mfma_scale_f32_16x16x128_f8f6f4"
 

@@ -3,9 +3,9 @@
 A copy of the installed package is made in a temporary folder and a process running from
 that copy builds the write_cache kernel into an empty cache. It is then asked again (served
 from the cache, no compile), and once more after a constant that the builder bakes into the
-IR, but that lives outside ``hip_kernels/`` (``formats.PAGE_BYTES``), is changed in the copy:
+IR, but that lives outside the builders (``formats.PAGE_BYTES``), is changed in the copy:
 that must compile again, to a different code object. Mutation: keying the cache by the files of
-``hip_kernels/`` alone (as it once was) serves the stale kernel and fails the last check.
+the builder modules alone (as it once was) serves the stale kernel and fails the last check.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswit
 BUILD = """
 import hashlib, importlib, json, sys
 import jax_mxfp4
-co_module = importlib.import_module("jax_mxfp4.hip_kernels.code_object")
-process = importlib.import_module("jax_mxfp4.hip_kernels.flydsl_process")
+co_module = importlib.import_module("jax_mxfp4._src.flydsl.code_object")
+process = importlib.import_module("jax_mxfp4._src.flydsl.flydsl_process")
 
 compiled = []
 real = process.compile_spec
@@ -77,7 +77,7 @@ def test_changing_a_baked_in_constant_outside_the_builders_rebuilds(tmp_path):
     again = _build(site, cache)
     assert again["compiled"] == 0 and again["hsaco"] == first["hsaco"]
 
-    formats = package / "formats.py"
+    formats = package / "_src" / "core" / "formats.py"
     text = formats.read_text()
     baked = "PAGE_BYTES = PAGE_SCALE_OFFSET + PAGE_TOKENS * TOKEN_SCALE_BYTES\n"
     assert baked in text
@@ -88,4 +88,5 @@ def test_changing_a_baked_in_constant_outside_the_builders_rebuilds(tmp_path):
     entries = list(cache.glob("gfx950/jax_mxfp4_write_cache-*/*/sources.json"))
     assert len(entries) == 2
     recorded = json.loads(entries[0].read_text())
-    assert "jax_mxfp4/formats.py" in recorded and "jax_mxfp4/hip_kernels/write_cache.py" in recorded
+    assert "jax_mxfp4/_src/core/formats.py" in recorded
+    assert "jax_mxfp4/_src/ops/write_cache/flydsl_kernel.py" in recorded

@@ -1,5 +1,5 @@
 """FlyDSL compiles in a process of its own with a stand-in for torch (``torch_stand_in.py``,
-``flydsl_process.py`` in ``jax_mxfp4/hip_kernels/``): the caller's process imports neither
+``flydsl_process.py`` in ``jax_mxfp4/_src/flydsl/``): the caller's process imports neither
 FlyDSL nor torch, FlyDSL's import is satisfied by the stand-in alone, and (where a real torch
 is installed) a build with the stand-in is byte-identical to one with the real torch.
 
@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("flydsl")
 
-from jax_mxfp4.hip_kernels import abi, flydsl_process
+from jax_mxfp4._src.flydsl import abi, flydsl_process
 
 SMALLEST = abi.Specialization("write_cache")
 
@@ -35,10 +35,11 @@ def test_flydsl_imports_with_the_stand_in_alone():
     out = _python(
         "import sys\n"
         "sys.modules['torch.nn'] = None  # nothing else of torch may be needed\n"
-        "from jax_mxfp4.hip_kernels import torch_stand_in\n"
+        "from jax_mxfp4._src.flydsl import torch_stand_in\n"
         "torch_stand_in.install()\n"
         "import flydsl.compiler, flydsl.expr\n"
-        "import jax_mxfp4.hip_kernels.sparse_attention, jax_mxfp4.hip_kernels.index_scores\n"
+        "import jax_mxfp4._src.ops.sparse_attention.flydsl_kernel\n"
+        "import jax_mxfp4._src.ops.index_scores.flydsl_kernel\n"
         "print(sys.modules['torch'].__doc__)\n")
     assert "stand-in" in out
 
@@ -47,7 +48,7 @@ def test_installing_over_a_real_torch_is_refused():
     out = _python(
         "import sys, types\n"
         "sys.modules['torch'] = types.ModuleType('torch')\n"
-        "from jax_mxfp4.hip_kernels import torch_stand_in\n"
+        "from jax_mxfp4._src.flydsl import torch_stand_in\n"
         "try:\n"
         "    torch_stand_in.install()\n"
         "except RuntimeError as exc:\n"
@@ -59,8 +60,8 @@ def test_the_caller_imports_neither_flydsl_nor_torch(tmp_path):
     out = _python(
         "import os, sys\n"
         "os.environ['JAX_MXFP4_CACHE_DIR'] = sys.argv[1]\n"
-        "from jax_mxfp4.hip_kernels import abi\n"
-        "from jax_mxfp4.hip_kernels.code_object import code_object\n"
+        "from jax_mxfp4._src.flydsl import abi\n"
+        "from jax_mxfp4._src.flydsl.code_object import code_object\n"
         "co = code_object(abi.Specialization('write_cache'), arch='gfx950')\n"
         "print(co.hsaco[:4] == b'\\x7fELF', 'torch' in sys.modules, 'flydsl' in sys.modules)\n",
         str(tmp_path))
@@ -75,8 +76,8 @@ def test_same_bytes_as_a_build_with_the_real_torch(tmp_path):
         "import sys, hashlib\n"
         "import torch\n"
         "from pathlib import Path\n"
-        "from jax_mxfp4.hip_kernels import abi\n"
-        "from jax_mxfp4.hip_kernels.compiler import compile_spec_in_process\n"
+        "from jax_mxfp4._src.flydsl import abi\n"
+        "from jax_mxfp4._src.flydsl.compiler import compile_spec_in_process\n"
         "c = compile_spec_in_process(abi.Specialization('write_cache'), 'gfx950',\n"
         "                            Path(sys.argv[1]))\n"
         "print(hashlib.sha256(c.hsaco).hexdigest(), hashlib.sha256(c.isa.encode()).hexdigest(),\n"
@@ -87,7 +88,7 @@ def test_same_bytes_as_a_build_with_the_real_torch(tmp_path):
 
 
 def test_a_failing_build_process_raises_with_its_message(tmp_path):
-    from jax_mxfp4.hip_kernels.compiler import KernelBuildError
+    from jax_mxfp4._src.flydsl.compiler import KernelBuildError
 
     broken = object.__new__(abi.Specialization)  # skips the check, so the child fails
     for field, value in vars(SMALLEST).items():

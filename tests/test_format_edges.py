@@ -2,7 +2,7 @@
 §15.13): MXFP8 dequantization of every (e4m3 byte, scale byte) pair against ``ml_dtypes``, and
 blocks holding Inf or NaN in MXFP4 and MXFP8 (scale byte 255, the block dequantizes to NaN).
 
-Mutation checks (each applied to ``jax_mxfp4/formats.py`` alone, the tests run, restored):
+Mutation checks (each applied to ``jax_mxfp4/_src/core/formats.py`` alone, the tests run, restored):
   * ``dequantize_mxfp8`` back to the multiply (``exact_scaled_f32``, which flushes fp32
     subnormal results on XLA's CPU) -> test_dequantize_mxfp8_every_byte_pair fails for both
     dtypes (568 float32 results, every one with scale byte <= 9).

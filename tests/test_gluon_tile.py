@@ -39,7 +39,7 @@ _ROWS_TWIN = textwrap.dedent('''
     import numpy as np, triton, triton.language as tl, sys
     sys.modules["torch"] = None
     from host_array import HostArray
-    from jax_mxfp4.gpu.kernels.index_rows_gluon import key_column, token_order, word_bytes
+    from jax_mxfp4._src.ops.index_scores.gluon_rows import key_column, token_order, word_bytes
 
     @triton.jit
     def _arranged(words_ptr, lo_ptr, hi_ptr, col_ptr):
@@ -101,7 +101,7 @@ def test_keys_reach_the_tensor_cores_without_shared_memory():
     """The sm_90 compile: the only shared memory is its warps' maxima of up to eight blocks
     (1 KiB) and 128 bytes for the walk of a ragged batch, and no key operand goes through it
     (no ``local_store`` of a 16-bit tile)."""
-    from jax_mxfp4.gpu.kernels import index_rows_gluon
+    from jax_mxfp4._src.ops.index_scores import gluon_rows as index_rows_gluon
 
     compiled = _gluon_sm90(index_rows_gluon.index_rows_kernel,
                            {"H": 1, "ROWS": 4, "BLOCKS": 8, "ROUND_Q": True},
@@ -120,7 +120,7 @@ def test_the_cuda_lowering_takes_each_kernel_set_under_its_setting():
     import jax.numpy as jnp
 
     import jax_mxfp4 as jm
-    from jax_mxfp4.gpu import launch
+    from jax_mxfp4._src.gpu import launch
 
     s = jax.ShapeDtypeStruct
     pool, kv = s((64, 8704), jnp.uint8), s((64, 1, 8704), jnp.uint8)

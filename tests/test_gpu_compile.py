@@ -16,9 +16,9 @@ from conftest import SM_SCALE
 pytest.importorskip("triton")
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
-from jax_mxfp4.gpu.compiler import compile_kernel
-from jax_mxfp4.gpu.triton_compile import GFX942, SM90, Target
+from jax_mxfp4._src.gpu import launch
+from jax_mxfp4._src.triton.compiler import compile_kernel
+from jax_mxfp4._src.triton.triton_compile import GFX942, SM90, Target
 
 TARGETS = {"cuda": ("90", SM90), "rocm": ("gfx942", GFX942)}
 
@@ -92,7 +92,7 @@ def test_param_count_is_read_from_the_code_object():
     import triton
     import triton.language as tl
 
-    from jax_mxfp4.gpu.compiler import spec
+    from jax_mxfp4._src.triton.compiler import spec
 
     @triton.jit
     def probe(x_ptr, n, y_ptr, B: tl.constexpr):
@@ -118,7 +118,7 @@ def test_param_count_is_read_from_the_code_object():
 def test_last_writer_slots_keep_only_each_slots_last_row():
     """The sort-based last-writer rule of large writes against a plain loop. (Mutation:
     keeping the first of each run instead of the last fails here.)"""
-    from jax_mxfp4.pages import last_writer_slots
+    from jax_mxfp4._src.core.pages import last_writer_slots
 
     rng = np.random.default_rng(0)
     for rows, span in ((1, 4), (50, 10), (3000, 500), (3000, 5000)):
@@ -149,7 +149,7 @@ def test_one_row_index_tiles_take_integer_dots():
     (Mutations: a plan that never picks one-row tiles fails here, and so does one without the
     cap: 118 registers.)"""
     import jax_mxfp4 as jm
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     sass_stats = _sass_stats()
     found = {}
@@ -209,7 +209,7 @@ def test_prefill_index_tiles_fold_the_keys_within_their_spill_budget():
     across requests (a tile holding rows of several) also keeps its 64-bit block counter and
     page address there (56 bytes in all, 20 reloads in the code; a cap of 120 registers
     spills 112 bytes and fails here)."""
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     tiles = {
         "prefill": index_scores.plan(4096, 1, 1, 64, 132),

@@ -1,7 +1,7 @@
 """The assembly the CDNA emulator runs is the program a GPU runs (issue 46, item 3): every
 gfx950 FlyDSL code object and every Triton code object the emulated backends lower
 (gfx950 and gfx942) reassembles, with Triton's bundled LLVM, to the ``.text`` of its HSACO
-byte for byte (``jax_mxfp4.hip_kernels.same_program``).
+byte for byte (``jax_mxfp4._src.flydsl.same_program``).
 
 Mutation checks (in :func:`test_one_changed_instruction_is_caught`): a context-mask compare
 turned from gt to ge (issue 46's example), a load offset moved by one element, and one
@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.gpu import launch
 
 pytest.importorskip("triton")
-same_program = pytest.importorskip("jax_mxfp4.hip_kernels.same_program")
+same_program = pytest.importorskip("jax_mxfp4._src.flydsl.same_program")
 
 
 def test_every_flydsl_code_object_is_its_assembly(built):

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 
 def test_a_filled_cache_lowers_the_cell_without_compiling(tmp_path, monkeypatch):
-    from jax_mxfp4.gpu import compiler
+    from jax_mxfp4._src.triton import compiler
 
     kernel_cache = bench_scripts.load("kernel_cache")
     monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path / "elsewhere"))

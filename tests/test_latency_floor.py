@@ -35,7 +35,8 @@ def test_chain_and_merge_fold_the_live_pages(probes, rng):
     import jax
     import jax.numpy as jnp
 
-    from jax_mxfp4 import emulated, targets
+    from jax_mxfp4._src.core import targets
+    from jax_mxfp4._src.dispatch import emulated
 
     emulated.install()
     rows, num_pages = 2, 40
@@ -69,7 +70,8 @@ def test_index_probes_fold_the_pages_they_read(probes, rng):
     import jax
     import jax.numpy as jnp
 
-    from jax_mxfp4 import emulated, targets
+    from jax_mxfp4._src.core import targets
+    from jax_mxfp4._src.dispatch import emulated
 
     emulated.install()
     rows, blocks = 3, 4

@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as jm
-from jax_mxfp4.primitives import (
-    mxfp4_index_scores_p,
-    mxfp4_select_blocks_p,
-    mxfp4_sparse_attention_p,
-    mxfp4_write_cache_p,
-)
+from jax_mxfp4._src.ops.index_scores.api import mxfp4_index_scores_p
+from jax_mxfp4._src.ops.select_blocks.api import mxfp4_select_blocks_p
+from jax_mxfp4._src.ops.sparse_attention.api import mxfp4_sparse_attention_p
+from jax_mxfp4._src.ops.write_cache.api import mxfp4_write_cache_p
 
 SM = 128**-0.5
 

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4._src.triton import mxfp4
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 MASK32 = np.uint64(0xFFFFFFFF)
@@ -245,7 +245,7 @@ def test_group_dot(rng):
     """``row_dot._GROUP_DOT``: a scale group's four code words against its query slices give
     ``sum(2 * e2m1 * x)`` exactly (``x = q * 2**9`` of e4m3 queries over their whole range),
     with zeros in ``$1..$3``."""
-    from jax_mxfp4.gpu.kernels import row_dot
+    from jax_mxfp4._src.triton import row_dot
 
     words = _words(rng)
     words = words[: len(words) // 4 * 4].reshape(-1, 4)  # [groups, 4 words]
@@ -273,7 +273,7 @@ def test_group_dot(rng):
 def test_query_slices(rng):
     """``row_dot._FIXED`` (``x = q * 2**9``, NaN as 0) and ``row_dot._SLICES`` (the low,
     middle and high bytes of four elements' ``x``), and ``_TABLE_WORDS``' two words."""
-    from jax_mxfp4.gpu.kernels import row_dot
+    from jax_mxfp4._src.triton import row_dot
 
     q = _e4m3_query(rng, 4096)
     q[:3] = [np.nan, -np.nan, 448.0]
@@ -297,7 +297,7 @@ def test_quad_factors(rng):
     ``x`` (the tile's range: 0 or ``2**-24`` to ``2**31``) times its group factor and then the
     factor, in fp32, is ``x * 2**(s_g - 113)`` rounded once wherever the group lies at most
     100 binades below the token's largest."""
-    from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
+    from jax_mxfp4._src.ops.index_scores import gluon_rows as rows
 
     words = _words(rng)
     words = words[: len(words) // 32 * 32].reshape(-1, 4)  # [quads, 4 tokens]
@@ -340,8 +340,8 @@ def test_quad_factors(rng):
 def test_interpreter_knows_every_instruction():
     """Every opcode the decode's PTX uses is one ``run_ptx`` executes (a new instruction in
     the text must come with its semantics here, not be skipped)."""
-    from jax_mxfp4.gpu.kernels import index_rows_gluon as rows
-    from jax_mxfp4.gpu.kernels import row_dot
+    from jax_mxfp4._src.ops.index_scores import gluon_rows as rows
+    from jax_mxfp4._src.triton import row_dot
 
     known = {".reg", "mov.b32", "mov.f32", "mov.u32", "shl.b32", "shr.b32", "and.b32",
              "or.b32", "xor.b32", "prmt.b32", "cvt.f32.f16", "mul.rn.bf16x2", "dp4a.u32.u32",

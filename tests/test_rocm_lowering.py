@@ -5,7 +5,7 @@ Every case is lowered for ROCm (``lower(lowering_platforms=("rocm",))``) under
 build (``built``, shared with test_flydsl_build.py, used as ``JAX_MXFP4_KERNEL_DIR``): each
 launcher custom call
 must carry the FlyDSL code object (symbol, bytes, content hash), a block and grid from
-``jax_mxfp4.hip_kernels.abi`` and parameters in the kernarg layout's order. With
+``jax_mxfp4._src.flydsl.abi`` and parameters in the kernarg layout's order. With
 ``gfx950_kernels="triton"``, on gfx942, and for calls no FlyDSL kernel covers, the Triton
 kernels are lowered instead, and ``jm.explain`` says so.
 """
@@ -27,10 +27,10 @@ from conftest import SM_SCALE
 pytest.importorskip("triton")
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
-from jax_mxfp4.hip_kernels import abi
-from jax_mxfp4.lowering import NoLoweringError
-from jax_mxfp4.scaling import folded_score_scale
+from jax_mxfp4._src.core.scaling import folded_score_scale
+from jax_mxfp4._src.dispatch.lowering import NoLoweringError
+from jax_mxfp4._src.flydsl import abi
+from jax_mxfp4._src.gpu import launch
 
 KIND = {"pointer": (launch.BUFFER, launch.NULL), "i32": (launch.I32,), "f32": (launch.F32,),
         "i64": (launch.I64,)}
@@ -221,7 +221,7 @@ def test_gfx950_without_its_kernels_fails_loudly_instead_of_taking_triton(monkey
     rocm extra, or ask for Triton), and ``explain`` shows the same stop; Triton lowers only
     when asked for. Mutation: ``choose`` going on past a ``LoadFailure`` lowers Triton here
     and fails the first assertion."""
-    from jax_mxfp4.hip_kernels.lowerings import _launch
+    from jax_mxfp4._src.flydsl import launch as _launch
 
     monkeypatch.delenv("JAX_MXFP4_KERNEL_DIR", raising=False)
     monkeypatch.setenv("JAX_MXFP4_CACHE_DIR", str(tmp_path))
@@ -240,8 +240,8 @@ def test_gfx950_without_its_kernels_fails_loudly_instead_of_taking_triton(monkey
 def test_a_kernel_module_that_does_not_import_is_the_error(monkeypatch, rocm):
     """A FlyDSL module failing to import (a broken install, as the wheel once was: it
     imported a top-level ``hip_kernels``) is reported with the import error, not skipped."""
-    monkeypatch.setitem(sys.modules, "jax_mxfp4.hip_kernels.lowerings.index_scores", None)
+    monkeypatch.setitem(sys.modules, "jax_mxfp4._src.ops.index_scores.flydsl", None)
     fn, args, _ = _cases()["index_decode"]
-    with pytest.raises(NoLoweringError, match=r"jax_mxfp4\.hip_kernels\.lowerings\.index_scores "
+    with pytest.raises(NoLoweringError, match=r"jax_mxfp4\._src\.ops\.index_scores\.flydsl "
                        r"does not import"):
         lower_for_rocm(fn, args)

@@ -4,7 +4,7 @@ The multi-device checks run ``tests/sharding_cases.py`` in a process of its own 
 8 CPU devices (``--xla_force_host_platform_device_count`` only works before jax starts) and
 read its JSON lines: for every case and ("dp", "tp") mesh, the collectives in the compiled HLO
 of a full decode step (write -> score -> select -> attend) and whether its outputs equal the
-single-device run bit for bit. The plan itself (``primitives/_sharding.py``) is checked in
+single-device run bit for bit. The plan itself (``dispatch/sharding.py``) is checked in
 process.
 
 Mutation check (each tried by hand, and caught as noted):
@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jax_mxfp4.primitives._sharding import Shift, compound, plan
+from jax_mxfp4._src.dispatch.sharding import Shift, compound, plan
 
 SCRIPT = Path(__file__).with_name("sharding_cases.py")
 sys.path.insert(0, str(SCRIPT.parent))
@@ -77,7 +77,7 @@ def test_sharded_decode_step(devices, mesh, case):
 
 def _rule(op: str, *shapes):
     """The sharding rule of operation module ``op`` for operands of ``shapes``."""
-    return importlib.import_module(f"jax_mxfp4.primitives.{op}")._sharding(shapes)
+    return importlib.import_module(f"jax_mxfp4._src.ops.{op}.api")._sharding(shapes)
 
 
 KV_POOL, ROWS = (16, 4, 8704), (8, 4, 128)

@@ -25,7 +25,7 @@ import pytest
 from conftest import mxfp4_pages_from
 
 import jax_mxfp4 as jm
-from jax_mxfp4.scaling import LOG2E_LITERAL
+from jax_mxfp4._src.core.scaling import LOG2E_LITERAL
 
 TINY = float(np.finfo(np.float32).tiny)  # 2**-126, the smallest normal fp32
 LARGEST_SUBNORMAL = float(np.nextafter(np.float32(TINY), np.float32(0)))

@@ -7,7 +7,7 @@ same way whatever the batch. The reference lowering's XLA dots may sum in a diff
 for different shapes, so where it is in use the attention comparisons allow one bf16 ulp.
 
 Mutation check (performed by hand, see the commit that added this file):
-- offset_ids not applied to the page table of batched pools (primitives/_batching.py) ->
+- offset_ids not applied to the page table of batched pools (jax_mxfp4/_src/dispatch/batching.py) ->
   test_vmap_* with a batched pool fail (problems read each other's pages).
 - write_cache batching rule without the slot offset -> test_vmap_write_cache[pool] fails.
 - output dims of the select_blocks batching rule swapped -> test_vmap_select_blocks fails.
@@ -25,8 +25,8 @@ from conftest import attention_case, build_index_pool, random_pages
 from jax import export
 
 import jax_mxfp4 as jm
-from jax_mxfp4 import ffi_targets
-from jax_mxfp4.backend import get_backend
+from jax_mxfp4._src import ffi_targets
+from jax_mxfp4._src.dispatch.backend import get_backend
 
 SM = 128**-0.5
 N = 3  # problems per vmap
@@ -205,7 +205,7 @@ def _scan_case(rng):
 
 
 def _exported_roundtrip(fn, args):
-    checks = [export.DisabledSafetyCheck.custom_call(n) for n in ffi_targets.CPU_TARGETS]
+    checks = [export.DisabledSafetyCheck.custom_call(n) for n in ffi_targets.cpu_target_names()]
     exp = export.export(jax.jit(fn), disabled_checks=checks)(*args)
     restored = export.deserialize(exp.serialize())
     return restored.call(*args)

@@ -1,17 +1,17 @@
-// The CPU FFI handlers this extension exports, and the table module.cc turns into the
+// The registry of the CPU FFI handlers this extension exports, which module.cc turns into the
 // `registrations()` dict (target name -> PyCapsule of the handler).
+//
+// Each handler's file names its target once, beside the handler:
+//   JAX_MXFP4_CPU_TARGET("jax_mxfp4_write_cache", JaxMxfp4WriteCache);
+// The name is `jax_` + the name of the operation's primitive (`mxfp4_write_cache`): the Python
+// side derives it from the operation (jax_mxfp4/_src/ffi_targets.py `cpu_target`) and reads
+// the names registered here, so nothing else lists them.
 #ifndef JAX_MXFP4_FFI_CPU_HANDLERS_H_
 #define JAX_MXFP4_FFI_CPU_HANDLERS_H_
 
-#include "xla/ffi/api/c_api.h"
+#include <vector>
 
-extern "C" {
-XLA_FFI_Error* JaxMxfp4WriteCache(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* JaxMxfp4IndexScores(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* JaxMxfp4SelectBlocks(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* JaxMxfp4SparseAttention(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* JaxMxfp4SparseAttentionMxfp8(XLA_FFI_CallFrame* call_frame);
-}
+#include "xla/ffi/api/c_api.h"
 
 namespace jax_mxfp4 {
 
@@ -20,15 +20,21 @@ struct HandlerEntry {
   XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*);
 };
 
-// Target names are part of the contract with jax_mxfp4/ffi_targets.py and the primitives.
-inline constexpr HandlerEntry kHandlers[] = {
-    {"jax_mxfp4_write_cache", JaxMxfp4WriteCache},
-    {"jax_mxfp4_index_scores", JaxMxfp4IndexScores},
-    {"jax_mxfp4_select_blocks", JaxMxfp4SelectBlocks},
-    {"jax_mxfp4_sparse_attention", JaxMxfp4SparseAttention},
-    {"jax_mxfp4_sparse_attention_mxfp8", JaxMxfp4SparseAttentionMxfp8},
+// Every handler registered by JAX_MXFP4_CPU_TARGET, in no particular order (module.cc).
+std::vector<HandlerEntry>& Handlers();
+
+struct RegisterHandler {
+  RegisterHandler(const char* name, XLA_FFI_Error* (*handler)(XLA_FFI_CallFrame*)) {
+    Handlers().push_back({name, handler});
+  }
 };
 
 }  // namespace jax_mxfp4
+
+#define JAX_MXFP4_CPU_TARGET(name, symbol)                                   \
+  namespace {                                                                \
+  const ::jax_mxfp4::RegisterHandler kRegister##symbol{name, symbol};        \
+  }                                                                          \
+  static_assert(true, "a semicolon follows")
 
 #endif  // JAX_MXFP4_FFI_CPU_HANDLERS_H_

@@ -321,3 +321,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMxfp4IndexScores, jax_mxfp4::IndexScoresImpl,
                                   .Attr<float>("score_scale")
                                   .Attr<bool>("round_q")
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+
+JAX_MXFP4_CPU_TARGET("jax_mxfp4_index_scores", JaxMxfp4IndexScores);

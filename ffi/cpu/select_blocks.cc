@@ -211,3 +211,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMxfp4SelectBlocks, jax_mxfp4::SelectBlocksImpl,
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()   // block_ids
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>()   // page_table
                                   .Ret<xla::ffi::Buffer<xla::ffi::S32>>());  // context_lens
+
+JAX_MXFP4_CPU_TARGET("jax_mxfp4_select_blocks", JaxMxfp4SelectBlocks);

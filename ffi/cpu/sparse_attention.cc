@@ -535,3 +535,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMxfp4SparseAttentionMxfp8, jax_mxfp4::SparseAtt
                               JAX_MXFP4_ATTENTION_OPERANDS
                                   .Ret<xla::ffi::AnyBuffer>()               // values
                                   .Ret<xla::ffi::Buffer<xla::ffi::U8>>());  // scales
+
+JAX_MXFP4_CPU_TARGET("jax_mxfp4_sparse_attention", JaxMxfp4SparseAttention);
+JAX_MXFP4_CPU_TARGET("jax_mxfp4_sparse_attention_mxfp8", JaxMxfp4SparseAttentionMxfp8);

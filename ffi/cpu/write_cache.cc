@@ -161,3 +161,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxMxfp4WriteCache, jax_mxfp4::WriteCacheImpl,
                                   .Arg<xla::ffi::Buffer<xla::ffi::S32>>()   // slots
                                   .Attr<int32_t>("round_mode")
                                   .Ret<xla::ffi::Buffer<xla::ffi::U8>>());
+
+JAX_MXFP4_CPU_TARGET("jax_mxfp4_write_cache", JaxMxfp4WriteCache);

@@ -1,7 +1,7 @@
 // The generic GPU code-object launcher: one XLA FFI handler (three stages) that launches a
 // precompiled kernel (cubin on CUDA, HSACO on ROCm) described entirely by its attributes.
 //
-// Attributes of the custom call (all required; jax_mxfp4/gpu/launch.py writes them):
+// Attributes of the custom call (all required; jax_mxfp4/_src/gpu/launch.py writes them):
 //   code          string  base64 of the zlib-compressed code object
 //   code_size     i64     bytes of the inflated code object
 //   code_hash     string  content hash of the code object (the module cache key, with symbol)

@@ -1,6 +1,6 @@
 // The Python extension module jax_mxfp4._ffi_gpu: `registrations()` gives, per platform
 // ("CUDA", "ROCM"), a dict from FFI stage name to a PyCapsule of the launcher's handler for
-// that stage, which jax_mxfp4/gpu/launch.py passes to jax.ffi.register_ffi_target.
+// that stage, which jax_mxfp4/_src/gpu/launch.py passes to jax.ffi.register_ffi_target.
 // `cache_stats()` reports the module cache's counters (launch.h). `emulated_handler()` is the
 // launcher's CPU form (a capsule for platform "cpu") and `set_emulator(callable)` installs the
 // Python CDNA emulator it hands launches to (emulated.h). Importing this module opens no GPU

@@ -32,7 +32,7 @@ def _demo(subparsers) -> None:
 
 
 def _info(subparsers) -> None:
-    from jax_mxfp4 import info
+    from jax_mxfp4._src import info
 
     parser = subparsers.add_parser(
         "info", help="print which implementation each operation lowers to on these devices"
@@ -76,7 +76,7 @@ def _emulate(subparsers) -> None:
 
 
 def _build(subparsers) -> None:
-    from jax_mxfp4.hip_kernels import build
+    from jax_mxfp4._src.flydsl import build
 
     parser = subparsers.add_parser(
         "build", help="compile every gfx950 FlyDSL kernel (no GPU needed) and print the manifest",
@@ -94,8 +94,8 @@ def _build(subparsers) -> None:
 
 def _run_build(args) -> int:
     """``build``, with one-line errors and an honest summary without FlyDSL."""
-    from jax_mxfp4.hip_kernels import build, flydsl_process, toolchain
-    from jax_mxfp4.hip_kernels.compiler import KernelBuildError
+    from jax_mxfp4._src.flydsl import build, flydsl_process, toolchain
+    from jax_mxfp4._src.flydsl.compiler import KernelBuildError
 
     if not sys.stderr.isatty():
         args.no_progress = True  # the progress bar redraws with carriage returns

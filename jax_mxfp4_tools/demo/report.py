@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4._table import format_table
+from jax_mxfp4._src.core._table import format_table
 from jax_mxfp4_tools.demo.accuracy import COMPARISONS
 from jax_mxfp4_tools.demo.layer import (
     DENSE_LIMIT,

@@ -25,8 +25,8 @@ import harness  # noqa: E402
 import test_emulator_flydsl as F  # noqa: E402
 
 from cdna_emulator import ALL_CHECKS, format_profiles, profile  # noqa: E402
-from jax_mxfp4.hip_kernels import abi  # noqa: E402
-from jax_mxfp4.hip_kernels.code_object import code_object  # noqa: E402
+from jax_mxfp4._src.flydsl import abi  # noqa: E402
+from jax_mxfp4._src.flydsl.code_object import code_object  # noqa: E402
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Test-side launcher for the emulator: buffers at addresses, kernarg packing, one call per
 launch. Kernels take their arguments by name; the layout comes from the kernel's own
 metadata (``.args`` offsets and sizes) joined with the argument names of
-``jax_mxfp4.hip_kernels.abi`` for FlyDSL kernels, or from a list of kinds for Triton kernels."""
+``jax_mxfp4._src.flydsl.abi`` for FlyDSL kernels, or from a list of kinds for Triton kernels."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import struct
 import numpy as np
 
 from cdna_emulator import Memory, Program, run
-from jax_mxfp4.hip_kernels import abi
+from jax_mxfp4._src.flydsl import abi
 
 BASE_ADDRESS = 0x7F00_0000_0000
 ALIGN = 1 << 12

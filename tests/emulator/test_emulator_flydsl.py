@@ -14,7 +14,7 @@ executed in the emulator at small MiniMax-M3.1 shapes (16 q heads per kv head, h
 Output buffers start as a byte pattern, so an element the kernel forgets to write fails.
 Every launch runs with the emulator's full fault model; a fault fails the test.
 
-Mutation checks of the kernels (performed by hand, one edit at a time in ``jax_mxfp4/hip_kernels/``,
+Mutation checks of the kernels (performed by hand, one edit at a time in ``jax_mxfp4/_src/flydsl/``,
 run with ``-k "emulated-gfx950 or flydsl"`` over this file and the operation tests; the
 failing tests are listed, not only the ones meant to catch it):
 
@@ -51,8 +51,8 @@ from conftest import (
 )
 from harness import Launch, garbage_like, run_flydsl
 
-from jax_mxfp4.hip_kernels import abi
-from jax_mxfp4.scaling import folded_score_scale
+from jax_mxfp4._src.core.scaling import folded_score_scale
+from jax_mxfp4._src.flydsl import abi
 
 INDEX_SPECS = [s for s in abi.minimax_specializations() if s.op == "index_scores"]
 
@@ -288,7 +288,7 @@ def long_index_case(rng, heads: int, tiling: str):
 
 
 def _on_demand(built, spec):
-    from jax_mxfp4.hip_kernels.code_object import code_object
+    from jax_mxfp4._src.flydsl.code_object import code_object
 
     return built[1].get(spec.symbol) or code_object(spec, arch="gfx950")
 

@@ -1,8 +1,8 @@
 """The FlyDSL gfx950 ``write_cache`` kernel executed in the emulator, bit for bit against
-``jax_mxfp4.reference.write_cache`` (SPEC §3: the writer is exact on every backend).
+``jax_mxfp4._src.ops.write_cache.reference`` (SPEC §3: the writer is exact on every backend).
 
 Each case runs the code object that ``python -m jax_mxfp4 build`` produces with the launch
-``jax_mxfp4.hip_kernels.abi`` describes, over pools full of random bytes (so a stray write
+``jax_mxfp4._src.flydsl.abi`` describes, over pools full of random bytes (so a stray write
 shows), rows of mixed magnitudes with zero, subnormal, infinite and NaN blocks, and slots that
 are skipped (-1, past the pool). Zero emulator faults are part of the check (any fault raises).
 """

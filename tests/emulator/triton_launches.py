@@ -24,7 +24,7 @@ from cdna_emulator import Program, run
 
 @dataclasses.dataclass
 class Captured:
-    launch: object  # jax_mxfp4.gpu.launch.Launch
+    launch: object  # jax_mxfp4._src.gpu.launch.Launch
     amdgcn: str
     sources: list  # per operand: ("arg", i) or ("result", call, j)
     result_avals: list
@@ -42,7 +42,7 @@ def _rocm_lowering(arch: str):
 
 def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
     """The launches ``fn(*args)`` lowers to on ROCm ``arch``, in order."""
-    from jax_mxfp4.gpu import launch as gpu_launch
+    from jax_mxfp4._src.gpu import launch as gpu_launch
 
     calls: list[Captured] = []
     produced: list[tuple[object, int, int]] = []  # (ir value, call, result index)
@@ -75,7 +75,7 @@ def capture(monkeypatch, arch: str, fn, *args) -> list[Captured]:
 
 def _pack_params(kernel, launch, addresses) -> bytes:
     """Kernarg bytes: parameter i at the offset of the kernel's metadata argument i."""
-    from jax_mxfp4.gpu import launch as gpu_launch
+    from jax_mxfp4._src.gpu import launch as gpu_launch
 
     args = kernel.args
     if len(args) != len(launch.params):

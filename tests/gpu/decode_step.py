@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.gpu import launch
 
 SM = 128**-0.5
 

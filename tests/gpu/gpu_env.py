@@ -20,7 +20,7 @@ def unavailable_reason() -> str | None:
         import triton  # noqa: F401
     except ImportError:
         return "triton is not installed"
-    from jax_mxfp4.gpu import launch
+    from jax_mxfp4._src.gpu import launch
 
     if not launch.register_gpu_targets():
         return "the GPU launcher extension is not built"
@@ -39,7 +39,7 @@ def gpu():
 def units() -> int:
     """The GPU's SM count, as the lowering reads it (``targets.native``); 132 without a GPU
     (the tests using it are skipped then)."""
-    from jax_mxfp4.targets import CUDA, DEFAULT_UNITS
+    from jax_mxfp4._src.core.targets import CUDA, DEFAULT_UNITS
 
     try:
         return int(getattr(gpu(), "core_count", 0) or DEFAULT_UNITS[CUDA])

@@ -37,7 +37,7 @@ def test_one_row_index_rows_do_not_depend_on_the_batch(rng, q_round, end):
     and 32 (and 8) requests inside. The plans must give the same bits. (Mutation, run by hand
     on the H200 against the earlier single threshold: one-block programs' maxima scaled by
     ``1 + 2**-23`` failed both query roundings; not rerun for the two ends.)"""
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     units = gpu_env.units()
     low, high = (n * units for n in index_scores.ONE_ROW_PAIRS)

@@ -16,7 +16,7 @@ import pytest
 import triton
 import triton.language as tl
 
-from jax_mxfp4.gpu.kernels import mxfp4
+from jax_mxfp4._src.triton import mxfp4
 
 pytestmark = gpu_env.required()
 torch = pytest.importorskip("torch")

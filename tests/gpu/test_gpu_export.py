@@ -11,7 +11,7 @@ import jax
 from test_export import assert_same_bits, decode_step, step_args
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.gpu import launch
 
 pytestmark = gpu_env.required()
 

@@ -24,8 +24,8 @@ from conftest import (
 )
 
 import jax_mxfp4 as jm
-from jax_mxfp4.backend import backend_scope
-from jax_mxfp4.reference.index_scores import scoring_query
+from jax_mxfp4._src.dispatch.backend import backend_scope
+from jax_mxfp4._src.ops.index_scores.reference import scoring_query
 
 pytestmark = gpu_env.required()
 UNITS = gpu_env.units()  # SMs the lowering plans for
@@ -139,7 +139,7 @@ def test_index_scores_exact_data(rng, shape):
 
 def _force_blocks(monkeypatch, blocks: int) -> None:
     """Make ``index_scores.plan`` give every tile ``blocks`` blocks per program."""
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     planned = index_scores.plan
 
@@ -152,7 +152,7 @@ def _force_blocks(monkeypatch, blocks: int) -> None:
 def _force_prefill_blocks(monkeypatch, blocks: int) -> None:
     """Make ``index_scores.prefill_tile_blocks`` (the Gluon prefill tile's, which e4m3 dots on
     sm_90 take) give every program ``blocks`` blocks."""
-    from jax_mxfp4.gpu.kernels import index_scores
+    from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
     monkeypatch.setattr(index_scores, "prefill_tile_blocks", lambda *shape: blocks)
 
@@ -202,7 +202,7 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
         seq = [601 * 128, 77000, 1, 0, 129, 40000, 601 * 128 - 1, 5000]
         kw.update(num_blocks=601, table_width=601, num_pages=8 * 601)
         case = decode_index_case(rng, seq, 1, **kw)
-        from jax_mxfp4.gpu.kernels import index_scores
+        from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
         _force_blocks(monkeypatch, 2)
         assert index_scores.plan(8, 1, 8, 601, UNITS).one_row
@@ -219,14 +219,14 @@ def test_index_scores_within_tolerance(rng, shape, q_round, monkeypatch):
             _force_blocks(monkeypatch, 3)
             _force_prefill_blocks(monkeypatch, 3)
     if shape in ("decode4", "ragged"):
-        from jax_mxfp4.gpu.kernels import index_scores
+        from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
         rows, heads = case.q.shape[:2]
         tile = index_scores.plan(rows, heads, len(case.block_table), case.num_blocks, UNITS)
         assert tile.rows * heads in (4, 8) and not tile.fold, tile
         monkeypatch.setattr(index_scores, "rows_tile_blocks", lambda *shape: 3)
     if shape.startswith("prefill"):
-        from jax_mxfp4.gpu.kernels import index_scores
+        from jax_mxfp4._src.ops.index_scores import triton as index_scores
 
         tile = index_scores.plan(len(case.positions), 1, 3, case.num_blocks, UNITS)
         assert tile.fold and tile.m == (64 if shape == "prefill64" else 128), tile
@@ -313,7 +313,7 @@ def test_sparse_attention(rng, rows, q_dtype):
 def test_sparse_attention_pv_range(rng, rows, pages):
     """SPEC §7 "PV range": |V| up to 1.5 * 2**127 stays finite, through the split-K merge
     (16 pages: 16 partitions of 1) and the direct path (a page table 1 page wide)."""
-    from jax_mxfp4.gpu.kernels.sparse_attention import plan
+    from jax_mxfp4._src.ops.sparse_attention.triton import plan
 
     assert (plan(16, pages).splits == 1) == (pages == 1)
     ctx = np.full((rows, 1), pages * 128, np.int32)

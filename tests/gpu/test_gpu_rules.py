@@ -17,7 +17,7 @@ import pytest
 from conftest import SM_SCALE, attention_case, decode_index_case, prefill_index_case, random_pages
 
 import jax_mxfp4 as jm
-from jax_mxfp4.backend import backend_scope
+from jax_mxfp4._src.dispatch.backend import backend_scope
 
 pytestmark = gpu_env.required()
 

@@ -28,9 +28,9 @@ def _dot(a_bits: np.ndarray, b_bits: np.ndarray, dtype) -> np.ndarray:
     import triton.language as tl
     from jax.core import ShapedArray
 
-    from jax_mxfp4.gpu import launch as launcher
-    from jax_mxfp4.gpu import triton_call
-    from jax_mxfp4.targets import CUDA, Target
+    from jax_mxfp4._src.core.targets import CUDA, Target
+    from jax_mxfp4._src.gpu import launch as launcher
+    from jax_mxfp4._src.triton import triton_call
 
     @triton.jit
     def dot_kernel(a_ptr, b_ptr, out_ptr, FP16: tl.constexpr):

@@ -17,7 +17,7 @@ from conftest import SM_SCALE, attention_case, build_index_pool, random_pages
 from jax import export
 
 import jax_mxfp4 as jm
-from jax_mxfp4.gpu import launch
+from jax_mxfp4._src.gpu import launch
 
 pytestmark = gpu_env.required()
 HERE = Path(__file__).parent

@@ -1,0 +1,156 @@
+"""The emulated ROCm backends: the gfx950 / gfx942 lowering, executed in the CDNA emulator.
+
+``jm.set_backend("emulated-gfx950")`` (or ``backend_scope``, or ``JAX_MXFP4_BACKEND``) makes
+every operation on the CPU lower exactly as it would on an MI355X: the FlyDSL code objects
+where they cover the call, the Triton gfx950 code objects where they do not, through the same
+lowering rules, grids and parameters. ``"emulated-gfx942"`` does the same for an MI300X (Triton
+code objects). The custom call is the GPU launcher's, registered for the CPU in its CPU form
+(``ffi/gpu/emulated.h``): it decodes the same attributes and packs the parameters with the same
+code, then hands the launch to :func:`emulate`, which does what the HIP runtime would (placing
+each parameter in the kernarg segment at its offset from the code object's metadata, filling
+the hidden arguments) and runs the kernel's assembly in ``cdna_emulator`` over
+the host buffers XLA gave the call. An emulator fault (an access outside the buffers, a value
+used before its wait, an LDS race...) fails the call with the emulator's report.
+
+Registering the backends is all this module does at import; the emulator is imported when a
+call is first lowered for one of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+
+import numpy as np
+
+from jax_mxfp4._src.core.targets import CPU, emulated
+from jax_mxfp4._src.dispatch.backend import Backend, register_backend
+from jax_mxfp4._src.flydsl.metadata import kernel_info
+from jax_mxfp4._src.gpu import launch
+
+EMULATED = {"emulated-gfx950": ("gfx950", 256), "emulated-gfx942": ("gfx942", 304)}
+"""Backend name -> (arch, compute units of the GPU it stands for: MI355X, MI300X)."""
+
+
+def install() -> None:
+    """Register the launcher's CPU form with :func:`emulate` behind it."""
+    launch.register_emulator(emulate)
+
+
+def _target(arch: str, units: int):
+    def target(platform: str, ctx, config):
+        if platform != CPU:
+            raise NotImplementedError(
+                f"the emulated backends lower CPU computations, not {platform} ones")
+        install()
+        return emulated(arch, config.gpu_units or units)
+
+    return target
+
+
+for _name, (_arch, _units) in EMULATED.items():
+    register_backend(Backend(
+        _name, f"the ROCm {_arch} lowering, run in the CDNA emulator on the CPU",
+        _target(_arch, _units), static_shapes=True))
+
+
+# --- the emulated launch ---------------------------------------------------------------------
+
+_HIDDEN_GRID = {"hidden_block_count_x": 0, "hidden_block_count_y": 1, "hidden_block_count_z": 2}
+_HIDDEN_BLOCK = {"hidden_group_size_x": 0, "hidden_group_size_y": 1, "hidden_group_size_z": 2}
+
+
+def kernarg_bytes(args, size: int, grid, block, params) -> bytes:
+    """The kernarg segment a HIP runtime would build from the code object's metadata
+    (``args``: ``(offset, size, value_kind)`` per argument, ``size``: the segment's):
+    explicit argument ``i`` is the low bytes of the launcher's packed parameter ``i`` at its
+    offset; the hidden arguments the kernel declares get the launch's grid (in workgroups),
+    block and dimension count, and zero otherwise (no global offset, no remainder, no host
+    services)."""
+    explicit = [a for a in args if not a[2].startswith("hidden_")]
+    if len(explicit) != len(params):
+        raise ValueError(f"the launcher passes {len(params)} parameters to a kernel that takes "
+                         f"{len(explicit)} explicit arguments")
+    segment = bytearray(size)
+    for (offset, width, _), (_, slot) in zip(explicit, params, strict=True):
+        segment[offset:offset + width] = int(slot).to_bytes(8, "little")[:width]
+    for offset, width, kind in args:
+        if kind in _HIDDEN_GRID:
+            value = grid[_HIDDEN_GRID[kind]]
+        elif kind in _HIDDEN_BLOCK:
+            value = block[_HIDDEN_BLOCK[kind]]
+        elif kind == "hidden_grid_dims":
+            value = 3 if grid[2] > 1 or block[2] > 1 else (2 if grid[1] > 1 or block[1] > 1 else 1)
+        else:
+            continue
+        segment[offset:offset + width] = int(value).to_bytes(width, "little")
+    return bytes(segment)
+
+
+def _host_view(address: int, size: int) -> np.ndarray:
+    """The ``size`` bytes at host ``address`` (an XLA CPU buffer) as a writable uint8 array."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+
+
+@functools.lru_cache(maxsize=64)
+def _program(asm: str):
+    import cdna_emulator as emulator
+
+    return emulator.Program.from_asm(asm)
+
+
+@dataclasses.dataclass
+class _Profiling:
+    workgroups: int | None
+    profiles: list
+
+
+_PROFILING: list[_Profiling] = []  # the innermost profiled() block last (XLA may run a
+# custom call on a thread of its own, so this is process-wide, not per thread)
+
+
+@contextlib.contextmanager
+def profiled(workgroups: int | None = None):
+    """Profile every emulated launch inside the block: yields a list that gets
+    one ``cdna_emulator.Profile`` (instructions per wave by class, bytes, MI355X
+    estimate) per launch. ``workgroups``: run only that many workgroups spread over each grid
+    (the emulator scales the totals to the grid); **the other workgroups' outputs are then
+    never written**, so results computed inside are for profiling only. None runs them all."""
+    state = _Profiling(workgroups, [])
+    _PROFILING.append(state)
+    try:
+        yield state.profiles
+    finally:
+        _PROFILING.remove(state)
+
+
+def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers) -> None:
+    """Run one launch of the launcher's CPU form (see the module docstring); raises with the
+    emulator's report on a fault."""
+    import cdna_emulator as emulator
+
+    asm = launch.assembly_of(image)
+    if asm is None:
+        raise RuntimeError(
+            f"no assembly text for kernel {symbol!r}: the emulator runs the code objects this "
+            f"process lowered (a deserialized export carries only their binary)")
+    kernel = _program(asm).kernel(symbol)
+    info = kernel_info(image, symbol)  # what a HIP runtime reads: the code object's metadata
+    memory = emulator.Memory()
+    results = {address for address, size, result in buffers if result and size}
+    for index, (address, size, result) in enumerate(buffers):
+        if size and (result or address not in results):
+            memory.map(address, _host_view(address, size), writable=bool(result),
+                       name=f"buffer {index}")
+    kernarg = kernarg_bytes(info.args, info.kernarg_size, grid, block, params)
+    state = _PROFILING[-1] if _PROFILING else None
+    report = emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
+                          kernarg=kernarg, memory=memory, arch=kernel.program.arch,
+                          workgroups=None if state is None else state.workgroups)
+    if state is not None:
+        state.profiles.append(emulator.profile(report))
+
+
+__all__ = ["EMULATED", "emulate", "install", "kernarg_bytes", "profiled"]

@@ -1,0 +1,478 @@
+"""Thin, explicit IR helpers the FlyDSL kernels are written with.
+
+The kernels address memory in bytes through raw ``!llvm.ptr`` values (64-bit offsets, so pools
+over 4 GiB are fine) and build arithmetic with the MLIR ``arith`` / ``llvm`` / ``rocdl`` dialect
+builders that FlyDSL re-exports. Every helper accepts FlyDSL numerics, ``ArithValue`` or raw
+``ir.Value`` operands (FlyDSL turns loop-carried values into DSL numerics) and returns raw
+``ir.Value`` results, so the generated code is exactly what the kernel source says.
+
+FlyDSL (and through it torch) is an optional dependency: its modules are imported when a
+helper first runs, so importing this module needs neither (``_lazy``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+
+from jax_mxfp4._src.flydsl._lazy import LazyModule
+
+ir = LazyModule("flydsl._mlir.ir")
+arith = LazyModule("flydsl._mlir.dialects.arith")
+llvm = LazyModule("flydsl._mlir.dialects.llvm")
+scf = LazyModule("flydsl._mlir.dialects.scf")
+vector = LazyModule("flydsl._mlir.dialects.vector")
+gpu = LazyModule("flydsl.expr.gpu")
+rocdl = LazyModule("flydsl.expr.rocdl")
+_flydsl_arith = LazyModule("flydsl.expr.arith")
+
+_DYNAMIC_INDEX = -(2**31)
+NEG_INF = float("-inf")
+
+
+def raw(x) -> ir.Value:
+    """The ``ir.Value`` behind a FlyDSL numeric, ``ArithValue`` or raw value."""
+    return _flydsl_arith._to_raw(x)
+
+
+def i1() -> ir.Type:
+    return ir.IntegerType.get_signless(1)
+
+
+def i8() -> ir.Type:
+    return ir.IntegerType.get_signless(8)
+
+
+def i16() -> ir.Type:
+    return ir.IntegerType.get_signless(16)
+
+
+def i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def i64() -> ir.Type:
+    return ir.IntegerType.get_signless(64)
+
+
+def f32() -> ir.Type:
+    return ir.F32Type.get()
+
+
+def bf16() -> ir.Type:
+    return ir.BF16Type.get()
+
+
+def vec(n: int, elem: ir.Type) -> ir.VectorType:
+    return ir.VectorType.get([n], elem)
+
+
+# --- constants ---------------------------------------------------------------------------------
+
+
+def ci32(value: int) -> ir.Value:
+    value = int(value)
+    if value >= 2**31:
+        value -= 2**32
+    return arith.constant(i32(), value)
+
+
+def ci64(value: int) -> ir.Value:
+    return arith.constant(i64(), int(value))
+
+
+def cf32(value: float) -> ir.Value:
+    return arith.constant(f32(), float(value))
+
+
+def splat(ty: ir.VectorType, value) -> ir.Value:
+    elem = ty.element_type
+    attr = ir.FloatAttr.get(elem, float(value)) if isinstance(elem, (ir.F32Type, ir.BF16Type)) \
+        else ir.IntegerAttr.get(elem, int(value))
+    return arith.constant(ty, ir.DenseElementsAttr.get_splat(ty, attr))
+
+
+# --- integer arithmetic (i32 or i64, both operands the same width) ------------------------------
+
+
+def add(a, b):
+    return arith.addi(raw(a), raw(b))
+
+
+def sub(a, b):
+    return arith.subi(raw(a), raw(b))
+
+
+def mul(a, b):
+    return arith.muli(raw(a), raw(b))
+
+
+def sdiv(a, b):
+    return arith.divsi(raw(a), raw(b))
+
+
+def srem(a, b):
+    return arith.remsi(raw(a), raw(b))
+
+
+def band(a, b):
+    return arith.andi(raw(a), raw(b))
+
+
+def bor(a, b):
+    return arith.ori(raw(a), raw(b))
+
+
+def shl(a, b):
+    return arith.shli(raw(a), raw(b))
+
+
+def lshr(a, b):
+    return arith.shrui(raw(a), raw(b))
+
+
+def smin(a, b):
+    return arith.minsi(raw(a), raw(b))
+
+
+def smax(a, b):
+    return arith.maxsi(raw(a), raw(b))
+
+
+def umax(a, b):
+    return arith.maxui(raw(a), raw(b))
+
+
+def zext64(a):
+    return arith.extui(i64(), raw(a))
+
+
+def sext64(a):
+    return arith.extsi(i64(), raw(a))
+
+
+def trunc32(a):
+    return arith.trunci(i32(), raw(a))
+
+
+def _cmp(pred, a, b):
+    return arith.cmpi(pred, raw(a), raw(b))
+
+
+def eq(a, b):
+    return _cmp(arith.CmpIPredicate.eq, a, b)
+
+
+def ne(a, b):
+    return _cmp(arith.CmpIPredicate.ne, a, b)
+
+
+def lt(a, b):
+    return _cmp(arith.CmpIPredicate.slt, a, b)
+
+
+def le(a, b):
+    return _cmp(arith.CmpIPredicate.sle, a, b)
+
+
+def gt(a, b):
+    return _cmp(arith.CmpIPredicate.sgt, a, b)
+
+
+def ge(a, b):
+    return _cmp(arith.CmpIPredicate.sge, a, b)
+
+
+def ugt(a, b):
+    return _cmp(arith.CmpIPredicate.ugt, a, b)
+
+
+def land(a, b):
+    return arith.andi(raw(a), raw(b))
+
+
+def lor(a, b):
+    return arith.ori(raw(a), raw(b))
+
+
+def lnot(a):
+    return arith.xori(raw(a), arith.constant(i1(), 1))
+
+
+def select(cond, a, b):
+    return arith.select(raw(cond), raw(a), raw(b))
+
+
+def ceil_div(a, b):
+    return sdiv(add(a, sub(b, ci32(1))), b)
+
+
+# --- floating point -----------------------------------------------------------------------------
+
+
+def fadd(a, b):
+    return arith.addf(raw(a), raw(b))
+
+
+def fsub(a, b):
+    return arith.subf(raw(a), raw(b))
+
+
+def fmul(a, b):
+    return arith.mulf(raw(a), raw(b))
+
+
+def fdiv(a, b):
+    """IEEE (correctly rounded) division."""
+    return arith.divf(raw(a), raw(b))
+
+
+def fmax(a, b):
+    """max that returns the other operand for a NaN one (v_max_f32 semantics)."""
+    return arith.maxnumf(raw(a), raw(b))
+
+
+def fmin(a, b):
+    return arith.minnumf(raw(a), raw(b))
+
+
+def fmax_nan(a, b):
+    """IEEE 754-2019 ``maximum``: NaN when either operand is NaN (``fmax`` drops a NaN)."""
+    return arith.maximumf(raw(a), raw(b))
+
+
+def fmin_nan(a, b):
+    """IEEE 754-2019 ``minimum``: NaN when either operand is NaN."""
+    return arith.minimumf(raw(a), raw(b))
+
+
+def not_finite(x):
+    """Whether fp32 ``x`` is NaN or infinite, decided on its bits (``|bits| > FLT_MAX``'s), so
+    no floating-point simplification can fold the test away."""
+    return ugt(band(f32_bits(x), ci32(0x7FFFFFFF)), ci32(0x7F7FFFFF))
+
+
+def is_nan(x):
+    """Whether fp32 ``x`` is NaN, decided on its bits."""
+    return ugt(band(f32_bits(x), ci32(0x7FFFFFFF)), ci32(0x7F800000))
+
+
+def feq(a, b):
+    return arith.cmpf(arith.CmpFPredicate.OEQ, raw(a), raw(b))
+
+
+def fgt(a, b):
+    return arith.cmpf(arith.CmpFPredicate.OGT, raw(a), raw(b))
+
+
+def fge(a, b):
+    return arith.cmpf(arith.CmpFPredicate.OGE, raw(a), raw(b))
+
+
+def exp2(x):
+    """``v_exp_f32``: 2**x (exact 0 for -inf)."""
+    return rocdl.exp2(f32(), raw(x))
+
+
+def bitcast(ty: ir.Type, x):
+    return arith.bitcast(ty, raw(x))
+
+
+def f32_from_bits(bits):
+    return bitcast(f32(), bits)
+
+
+def f32_bits(x):
+    return bitcast(i32(), x)
+
+
+def e8m0_to_f32(byte_i32):
+    """The exact fp32 value of an e8m0 scale byte: 2**(b-127); byte 0 -> 2**-127, 255 -> NaN."""
+    normal = shl(byte_i32, ci32(23))
+    bits = select(eq(byte_i32, ci32(0)), ci32(0x00400000), normal)
+    bits = select(eq(byte_i32, ci32(255)), ci32(0x7FC00000), bits)
+    return f32_from_bits(bits)
+
+
+# --- vectors ------------------------------------------------------------------------------------
+
+
+def extract(v, index: int):
+    return vector.extract(raw(v), static_position=[index], dynamic_position=[])
+
+
+def insert(v, value, index: int):
+    return vector.insert(raw(value), raw(v), static_position=[index], dynamic_position=[])
+
+
+def from_elements(ty: ir.VectorType, values) -> ir.Value:
+    return vector.from_elements(ty, [raw(v) for v in values])
+
+
+def concat(a, b):
+    """Concatenate two vectors of the same type."""
+    n = ir.VectorType(raw(a).type).shape[0]
+    return vector.shuffle(raw(a), raw(b), list(range(2 * n)))
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+
+def gep(ptr, byte_offset):
+    """``ptr + byte_offset`` (an i64 or i32 value) on a raw ``!llvm.ptr``."""
+    ptr = raw(ptr)
+    return llvm.GEPOp(ptr.type, ptr, [raw(byte_offset)], [_DYNAMIC_INDEX], i8(), 0).result
+
+
+def load(ty: ir.Type, ptr, byte_offset=None, *, align: int):
+    if byte_offset is not None:
+        ptr = gep(ptr, byte_offset)
+    return llvm.LoadOp(ty, raw(ptr), alignment=align).result
+
+
+def store(value, ptr, byte_offset=None, *, align: int) -> None:
+    if byte_offset is not None:
+        ptr = gep(ptr, byte_offset)
+    llvm.StoreOp(raw(value), raw(ptr), alignment=align)
+
+
+def global_ptr(arg) -> ir.Value:
+    """The ``!llvm.ptr<1>`` of a kernel pointer argument."""
+    return arg.llvm_ptr
+
+
+def lds_alloc(nbytes: int):
+    """A static LDS allocation of ``nbytes`` (16-byte aligned) as an ``!llvm.ptr<3>``."""
+    from flydsl.expr import SharedAllocator
+
+    storage = SharedAllocator().allocate(int(nbytes), alignment=16)
+    return storage._ptr.llvm_ptr
+
+
+# --- work-item ids, cross-lane ------------------------------------------------------------------
+
+
+def thread_id():
+    return arith.index_cast(i32(), gpu.thread_id("x"))
+
+
+def block_id(axis: str = "x"):
+    return arith.index_cast(i32(), gpu.block_id(axis))
+
+
+def uniform(x):
+    """Make a value wave-uniform (``v_readfirstlane``) so it lives in an SGPR."""
+    return rocdl.readfirstlane(i32(), raw(x))
+
+
+def lane_xor_f32(x, lane, mask: int):
+    """The f32 ``x`` of lane ``lane ^ mask`` (``ds_bpermute``)."""
+    src = f32_bits(x)
+    index = shl(arith.xori(raw(lane), ci32(mask)), ci32(2))
+    return f32_from_bits(rocdl.ds_bpermute(i32(), raw(index), raw(src)))
+
+
+def lane_read_f32(x, src_lane):
+    """The f32 ``x`` held by lane ``src_lane`` (``ds_bpermute``)."""
+    index = shl(src_lane, ci32(2))
+    return f32_from_bits(rocdl.ds_bpermute(i32(), raw(index), raw(f32_bits(x))))
+
+
+def nan_scale_tokens(scale, c) -> list:
+    """For the 16x16 MFMA tile whose A operand lane (g, i) holds token i's scale byte of
+    group g (``scale``, i32): whether each of the four tokens ``4g + v`` (v = 0..3) whose
+    accumulator rows this lane holds has a scale byte 255 (NaN keys, SPEC §15.18) in any of
+    its four groups, as i1. Cross-lane: OR over the lane groups, then a read of lane
+    ``4g + v``."""
+    flag = select(eq(scale, ci32(255)), cf32(1.0), cf32(0.0))
+    flag = fmax(flag, lane_xor_f32(flag, c.lane, 16))
+    flag = fmax(flag, lane_xor_f32(flag, c.lane, 32))
+    return [fgt(lane_read_f32(flag, add(mul(c.grp, ci32(4)), ci32(v))), cf32(0.0))
+            for v in range(4)]
+
+
+def barrier() -> None:
+    gpu.barrier()
+
+
+# --- structured control flow (explicit scf ops, no AST rewriting) -------------------------------
+
+
+@contextlib.contextmanager
+def when(cond) -> Iterator[None]:
+    """``if cond:`` for side effects only (stores, barriers under a uniform condition)."""
+    op = scf.IfOp(raw(cond), [], has_else=False)
+    with ir.InsertionPoint(op.then_block):
+        yield
+        scf.YieldOp([])
+
+
+def loop(lower, upper, init: Sequence, body: Callable[[ir.Value, list], Sequence]) -> list:
+    """``for i in range(lower, upper)`` (i32 bounds, step 1) carrying ``init`` values;
+    ``body(i, carried) -> new carried``. Returns the final carried values."""
+    op = scf.ForOp(raw(lower), raw(upper), ci32(1), [raw(v) for v in init])
+    with ir.InsertionPoint(op.body):
+        out = body(op.induction_variable, list(op.inner_iter_args))
+        scf.YieldOp([raw(v) for v in out])
+    return list(op.results)
+
+
+def trunc8(a):
+    return arith.trunci(i8(), raw(a))
+
+
+# --- matrix cores ------------------------------------------------------------------------------
+
+FMT_FP8_E4M3 = 0
+FMT_FP4_E2M1 = 4
+
+
+def zeros_f32x4():
+    return splat(vec(4, f32()), 0.0)
+
+
+def widen_to_8_dwords(v4):
+    """A 4-dword operand padded to the 8-dword register tuple the f8f6f4 MFMA takes (fp4 uses
+    only the first four)."""
+    return concat(v4, splat(vec(4, i32()), 0))
+
+
+def mfma_scale_16x16x128(a8, b8, acc, *, fmt_a: int, fmt_b: int, scale_a, scale_b):
+    """``v_mfma_scale_f32_16x16x128_f8f6f4``: D = (A * 2**(sa-127)) x (B * 2**(sb-127)) + C.
+
+    ``a8``/``b8``: ``vector<8xi32>``; ``fmt_a``/``fmt_b`` (cbsz/blgp): 0 e4m3, 4 e2m1;
+    ``scale_a``/``scale_b``: i32 whose low byte is this lane's e8m0 scale (op_sel 0).
+    """
+    return rocdl.mfma_scale_f32_16x16x128_f8f6f4(
+        vec(4, f32()), [raw(a8), raw(b8), raw(acc), fmt_a, fmt_b, 0, raw(scale_a), 0, raw(scale_b)]
+    )
+
+
+def mfma_bf16_16x16x32(a8, b8, acc):
+    """``v_mfma_f32_16x16x32_bf16``: ``a8``/``b8`` are ``vector<8xbf16>``."""
+    return rocdl.mfma_f32_16x16x32_bf16(vec(4, f32()), [raw(a8), raw(b8), raw(acc)])
+
+
+def zext32(a):
+    return arith.extui(i32(), raw(a))
+
+
+def vbitcast(ty: ir.Type, x):
+    """Bit-reinterpret a vector as another vector type of the same size (LLVM bitcast)."""
+    return llvm.bitcast(ty, raw(x))
+
+
+class LaneContext:
+    """Per-lane values a kernel body shares between its helpers (attributes set as it goes)."""
+
+
+def lane_context() -> LaneContext:
+    """The lane geometry every MFMA kernel starts from: thread id, its wave (uniform), lane in
+    the wave, and the lane's 16-lane group and column (the 16x16x128 MFMA operand layout)."""
+    c = LaneContext()
+    c.tid = thread_id()
+    c.wave = uniform(lshr(c.tid, ci32(6)))
+    c.lane = band(c.tid, ci32(63))
+    c.grp = lshr(c.lane, ci32(4))
+    c.col = band(c.lane, ci32(15))
+    return c

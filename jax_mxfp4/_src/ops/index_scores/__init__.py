@@ -1,0 +1,1 @@
+"""The ``index_scores`` operation (docs/spec.md)."""

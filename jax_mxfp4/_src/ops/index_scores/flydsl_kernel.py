@@ -1,0 +1,283 @@
+"""FlyDSL kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §5, §15).
+
+``out[h, t, j] = fp32(max over live tokens k of Qe[t, h] . K[page(t, j), k]) * score_scale``
+with ``-inf`` where no token is live. One scaled MFMA per 16 tokens:
+``v_mfma_scale_f32_16x16x128_f8f6f4`` with **K as the fp4 A operand** (cbsz 4) and its e8m0
+byte as the A scale, **Q as the e4m3 B operand** (blgp 0) with B scale 127 (1.0). A bf16 Q is
+rounded to e4m3 in-kernel (saturating nearest-even, SPEC §15.2/15.4).
+
+Work split (4 waves of 64 lanes per workgroup):
+
+* a wave owns one column tile of 16 (row, head) columns (``16 / H`` rows times ``H`` heads)
+  and 4 consecutive blocks; the workgroup covers ``rows x blocks`` =
+  :func:`.abi.index_scores_tile` — prefill tiling: 4 column tiles share each page
+  (64 rows at H = 1), decode tiling: one column tile, 4 waves on different blocks;
+* the workgroup walks the distinct requests ("segments") of its rows; for each, every page it
+  needs is staged **still MXFP4** in LDS (8704 bytes per page, 16-byte cooperative copies)
+  and read back as the A operand (lane (g, i) holds token i's bytes 16g..16g+15 and its scale
+  byte g); columns of other requests are masked, so any row order is correct (repeats of a
+  request recompute identical values);
+* the causal mask is ``j*128 + k <= position``; pages past every row's reach are not loaded;
+  a page id outside ``[0, P)``, a padding row or a request outside ``[0, B)`` scores ``-inf``;
+  a live token whose logit is not finite (a scale byte 255 in any of its groups, a NaN query
+  element, an overflow) makes the score NaN (SPEC §15.18);
+* per column the 4 block maxima are reduced across the 4 lane groups and stored merged: the
+  4 lanes of a column write 4 consecutive floats (16 contiguous bytes of the output row).
+
+Accumulator layout assumed (16x16 MFMA): lane ``l`` holds ``D[4*(l//16) + v][l % 16]``.
+Kernarg layout: :data:`ARGS` below (the one declaration). Grid: :func:`.abi.grid`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jax_mxfp4._src.core.formats import PAGE_BYTES
+from jax_mxfp4._src.core.formats import PAGE_SCALE_OFFSET as SCALE_OFFSET
+from jax_mxfp4._src.flydsl import _ir as ir
+from jax_mxfp4._src.flydsl import _numerics as numerics
+from jax_mxfp4._src.flydsl._signature import jit_launcher
+from jax_mxfp4._src.flydsl.abi import (
+    BLOCK_THREADS,
+    BLOCKS_PER_WAVE,
+    TILINGS,
+    Arg,
+    Specialization,
+    index_scores_tile,
+)
+
+ARGS = (
+    Arg("q", "pointer", "bf16|e4m3[T, H, 128] index queries"),
+    Arg("index_pool", "pointer", "u8[P, 8704] MXFP4 index-key pages"),
+    Arg("block_table", "pointer", "s32[B, W] logical block -> page"),
+    Arg("positions", "pointer", "s32[T] absolute position of each row, -1 = padding"),
+    Arg("requests", "pointer", "s32[T] request of each row"),
+    Arg("out", "pointer", "f32[H, T, NB] scores (every element written)"),
+    Arg("num_rows", "i32", "T"),
+    Arg("num_pages", "i32", "P"),
+    Arg("num_requests", "i32", "B"),
+    Arg("table_width", "i32", "W (>= NB)"),
+    Arg("num_blocks", "i32", "NB"),
+    Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
+)
+
+PAGE_CHUNKS = PAGE_BYTES // 16
+THREADS = BLOCK_THREADS["index_scores"]
+
+
+class _Geometry:
+    """Compile-time shape of one specialization."""
+
+    def __init__(self, spec: Specialization) -> None:
+        self.q = spec.q
+        self.heads = spec.heads
+        self.col_tiles, self.block_waves = TILINGS[spec.tiling]
+        self.rows, self.blocks = index_scores_tile(spec)
+        self.rows_per_tile = 16 // spec.heads
+        self.threads_per_page = THREADS // self.block_waves
+        self.keys_offset = self.block_waves * PAGE_BYTES  # LDS: staged pages, then row keys
+
+
+def _lane_setup(g: _Geometry, a) -> ir.LaneContext:
+    c = ir.lane_context()
+    c.col_tile = ir.srem(c.wave, ir.ci32(g.col_tiles))
+    c.bwave = ir.sdiv(c.wave, ir.ci32(g.col_tiles))
+    c.row0 = ir.mul(ir.block_id("x"), ir.ci32(g.rows))
+    c.jstep = ir.mul(ir.block_id("y"), ir.ci32(g.blocks))
+    c.head = ir.srem(c.col, ir.ci32(g.heads))
+    local = ir.add(ir.mul(c.col_tile, ir.ci32(g.rows_per_tile)), ir.sdiv(c.col, ir.ci32(g.heads)))
+    c.t = ir.add(c.row0, local)
+    c.t_ok = ir.lt(c.t, a.num_rows)
+    c.t_safe = ir.select(c.t_ok, c.t, ir.ci32(0))
+    pos = _load_i32(a.positions, c.t_safe)
+    req = _load_i32(a.requests, c.t_safe)
+    live = ir.land(c.t_ok, ir.land(ir.ge(pos, ir.ci32(0)),
+                                   ir.land(ir.ge(req, ir.ci32(0)), ir.lt(req, a.num_requests))))
+    c.pos = pos
+    c.key = ir.select(live, req, ir.ci32(-1))
+    c.dead = ir.land(c.t_ok, ir.lnot(live))
+    return c
+
+
+def _load_i32(arg, index):
+    return ir.load(ir.i32(), ir.global_ptr(arg), ir.mul(ir.zext64(index), ir.ci64(4)), align=4)
+
+
+def _publish_row_keys(g: _Geometry, c: ir.LaneContext, lds) -> None:
+    """Each row's (request if live else -1, position if live else -1) into the LDS table
+    after the staged pages, written once per row by the lane that loaded it in
+    ``_lane_setup``: the row loops then read it from LDS instead of a dependent pair of global
+    loads per row (a round trip to memory each). The caller's barrier makes it visible."""
+    first_lane_of_row = ir.land(ir.land(ir.eq(c.grp, ir.ci32(0)), ir.eq(c.head, ir.ci32(0))),
+                                ir.eq(c.bwave, ir.ci32(0)))
+    with ir.when(ir.land(first_lane_of_row, ir.lt(c.t, ir.add(c.row0, ir.ci32(g.rows))))):
+        at = ir.add(ir.ci32(g.keys_offset), ir.mul(ir.sub(c.t, c.row0), ir.ci32(8)))
+        live = ir.ne(c.key, ir.ci32(-1))
+        ir.store(c.key, lds, at, align=4)
+        ir.store(ir.select(live, c.pos, ir.ci32(-1)), lds, ir.add(at, ir.ci32(4)), align=4)
+
+
+def _row_key(g: _Geometry, lds, r):
+    """(request if the workgroup's row ``r`` is live else -1, position), uniform scalars read
+    from the LDS table of ``_publish_row_keys``."""
+    at = ir.add(ir.ci32(g.keys_offset), ir.mul(r, ir.ci32(8)))
+    key = ir.uniform(ir.load(ir.i32(), lds, at, align=4))
+    pos = ir.uniform(ir.load(ir.i32(), lds, ir.add(at, ir.ci32(4)), align=4))
+    return key, pos
+
+
+def _max_position(g: _Geometry, lds):
+    """Largest live position among the workgroup's rows (-1 if none), uniform."""
+    def body(r, carried):
+        _, pos = _row_key(g, lds, r)
+        return [ir.smax(carried[0], pos)]
+
+    return ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-1)], body)[0]
+
+
+def _query_operand(g: _Geometry, a, c: ir.LaneContext):
+    """This lane's e4m3 B operand: column (t, h), K elements 16g..16g+15 then 64+16g..+15."""
+    elem = ir.mul(ir.add(ir.mul(ir.zext64(c.t_safe), ir.ci64(g.heads)), ir.zext64(c.head)),
+                  ir.ci64(128))
+    first = ir.zext64(ir.mul(c.grp, ir.ci32(16)))
+    words = []
+    for half in range(2):
+        start = ir.add(elem, ir.add(first, ir.ci64(64 * half)))
+        if g.q == "e4m3":
+            chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q), start, align=16)
+            words += [ir.extract(chunk, e) for e in range(4)]
+        else:
+            bf = []
+            for k in range(2):
+                at = ir.add(ir.mul(start, ir.ci64(2)), ir.ci64(16 * k))
+                chunk = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.q), at, align=16)
+                bf += [ir.extract(chunk, e) for e in range(4)]
+            words += numerics.pack_e4m3(numerics.bf16_words_to_f32(bf))
+    return ir.from_elements(ir.vec(8, ir.i32()), words)
+
+
+def _page_of(a, key, j):
+    """(page id, page usable) of block ``j`` of request ``key`` (uniform)."""
+    inside = ir.lt(j, a.num_blocks)
+    column = ir.zext64(ir.select(inside, j, ir.ci32(0)))
+    at = ir.add(ir.mul(ir.zext64(key), ir.zext64(a.table_width)), column)
+    page = ir.uniform(ir.load(ir.i32(), ir.global_ptr(a.block_table), ir.mul(at, ir.ci64(4)),
+                              align=4))
+    ok = ir.land(inside, ir.land(ir.ge(page, ir.ci32(0)), ir.lt(page, a.num_pages)))
+    return page, ok
+
+
+def _stage_pages(g: _Geometry, a, c: ir.LaneContext, lds, key, u, maxpos) -> None:
+    """Copy this sub-step's pages (one per block wave) into LDS, MXFP4 as stored."""
+    slot = ir.sdiv(c.tid, ir.ci32(g.threads_per_page))
+    local = ir.srem(c.tid, ir.ci32(g.threads_per_page))
+    j = ir.add(c.jstep, ir.add(ir.mul(ir.uniform(slot), ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
+    page, ok = _page_of(a, key, j)
+    wanted = ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))
+    with ir.when(wanted):
+        base = ir.mul(ir.zext64(page), ir.ci64(PAGE_BYTES))
+        lds_base = ir.mul(slot, ir.ci32(PAGE_BYTES))
+        for k in range(-(-PAGE_CHUNKS // g.threads_per_page)):
+            chunk = ir.add(local, ir.ci32(k * g.threads_per_page))
+            in_page = ir.lt(chunk, ir.ci32(PAGE_CHUNKS))
+            if (k + 1) * g.threads_per_page <= PAGE_CHUNKS:
+                _copy_chunk(a, lds, base, lds_base, chunk)
+            else:
+                with ir.when(in_page):
+                    _copy_chunk(a, lds, base, lds_base, chunk)
+
+
+def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
+    offset = ir.mul(chunk, ir.ci32(16))
+    data = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.index_pool), ir.add(base,
+                                                                            ir.zext64(offset)),
+                   align=16)
+    ir.store(data, lds, ir.add(lds_base, offset), align=16)
+
+
+def _score_block(lds, c: ir.LaneContext, b_operand, owned, page_ok, j):
+    """Max over the page's live tokens of this lane's column, reduced over the lane groups;
+    NaN when a live token's logit is not finite (a NaN key scale, a NaN query, an overflow:
+    SPEC §15.18), tracked explicitly (``fmax`` drops NaN)."""
+    slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
+    best = ir.cf32(ir.NEG_INF)
+    poisoned = ir.cf32(0.0)
+    limit = ir.sub(c.pos, ir.mul(j, ir.ci32(128)))  # token k is live iff k <= limit
+    usable = ir.land(owned, page_ok)
+    for m in range(8):
+        token = ir.add(ir.ci32(16 * m), c.col)
+        data_at = ir.add(slot_base, ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp, ir.ci32(16))))
+        a4 = ir.load(ir.vec(4, ir.i32()), lds, data_at, align=16)
+        scale_at = ir.add(slot_base, ir.add(ir.ci32(SCALE_OFFSET),
+                                            ir.add(ir.mul(token, ir.ci32(4)), c.grp)))
+        scale = ir.zext32(ir.load(ir.i8(), lds, scale_at, align=1))
+        d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
+                                    fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
+                                    scale_a=scale, scale_b=ir.ci32(127))
+        nan_keys = ir.nan_scale_tokens(scale, c)
+        for v in range(4):
+            k = ir.add(ir.ci32(16 * m + v), ir.mul(c.grp, ir.ci32(4)))
+            live = ir.land(usable, ir.le(k, limit))
+            logit = ir.extract(d, v)
+            best = ir.fmax(best, ir.select(live, logit, ir.cf32(ir.NEG_INF)))
+            bad = ir.land(live, ir.lor(ir.not_finite(logit), nan_keys[v]))
+            poisoned = ir.select(bad, ir.cf32(1.0), poisoned)
+    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 16))
+    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 32))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 16))
+    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 32))
+    return ir.select(ir.fgt(poisoned, ir.cf32(0.0)), ir.cf32(float("nan")), best)
+
+
+def _store_scores(g: _Geometry, a, c: ir.LaneContext, values, mask) -> None:
+    """Lane (g, i) stores ``values[g]`` for block ``jstep + 4*bwave + g`` of its column."""
+    value = values[0]
+    for k in range(1, BLOCKS_PER_WAVE):
+        value = ir.select(ir.eq(c.grp, ir.ci32(k)), values[k], value)
+    j = ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), c.grp))
+    with ir.when(ir.land(mask, ir.lt(j, a.num_blocks))):
+        row = ir.add(ir.mul(ir.zext64(c.head), ir.zext64(a.num_rows)), ir.zext64(c.t))
+        at = ir.add(ir.mul(row, ir.zext64(a.num_blocks)), ir.zext64(j))
+        ir.store(value, ir.global_ptr(a.out), ir.mul(at, ir.ci64(4)), align=4)
+
+
+def _segment(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
+    """Score every block of this step for the columns of request ``key``."""
+    owned = ir.eq(c.key, key)
+    maxima = []
+    for u in range(BLOCKS_PER_WAVE):
+        _stage_pages(g, a, c, lds, key, u, maxpos)
+        ir.barrier()
+        j = ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
+        _, page_ok = _page_of(a, key, j)
+        best = _score_block(lds, c, b_operand, owned, page_ok, j)
+        maxima.append(ir.fmul(best, a.score_scale))
+        ir.barrier()
+    _store_scores(g, a, c, maxima, owned)
+
+
+def _body(g: _Geometry, a) -> None:
+    lds = ir.lds_alloc(g.keys_offset + g.rows * 8)
+    c = _lane_setup(g, a)
+    _publish_row_keys(g, c, lds)
+    ir.barrier()
+    maxpos = _max_position(g, lds)
+    reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
+    neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
+    _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
+    with ir.when(reach):
+        b_operand = _query_operand(g, a, c)
+
+        def row(r, carried):
+            key, _ = _row_key(g, lds, r)
+            with ir.when(ir.land(ir.ge(key, ir.ci32(0)), ir.ne(key, carried[0]))):
+                _segment(g, a, c, lds, b_operand, key, maxpos)
+            return [key]
+
+        ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-2)], row)
+
+
+def build(spec: Specialization):
+    """The ``@flyc.jit`` launcher of one index_scores specialization."""
+    assert spec.op == "index_scores"
+    return jit_launcher(spec.symbol, ARGS, functools.partial(_body, _Geometry(spec)), THREADS)

@@ -1,0 +1,1 @@
+"""The ``select_blocks`` operation (docs/spec.md)."""

@@ -1,0 +1,1 @@
+"""The ``sparse_attention`` operation (docs/spec.md)."""

@@ -1,0 +1,1 @@
+"""The ``write_cache`` operation (docs/spec.md)."""
