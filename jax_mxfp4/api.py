@@ -24,7 +24,7 @@ def _backend_shapes(names: tuple[str, ...], operands) -> None:
 
 
 def _table_and_rows(block_table, positions, requests) -> tuple[jnp.ndarray, ...]:
-    """The block table and row metadata as int32 (SPEC §15.16: an int64 page id, position or
+    """The block table and row metadata as int32 (SPEC §2.4: an int64 page id, position or
     request outside int32 becomes -1)."""
     return (as_int32(block_table, "block_table", "id"), as_int32(positions, "positions", "id"),
             as_int32(requests, "requests", "id"))
@@ -37,7 +37,7 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
       pool: ``uint8[P, 8704]`` (index cache) or ``uint8[P, Hkv, 8704]`` (K or V cache).
       x: float ``[T, 128]`` or ``[T, Hkv, 128]`` (rounded to bfloat16 first).
       slots: ``int32 | int64 [T]``, ``slot = page * 128 + offset``; slots < 0 or >= P*128 are
-        not written (an int64 slot outside int32 included: SPEC §15.16).
+        not written (an int64 slot outside int32 included: SPEC §2.4).
       round_mode: e8m0 scale rounding, ``"up"`` (default), ``"even"`` or ``"down"``.
     Returns:
       The updated pool. Under ``jit`` with the pool donated, the update happens in place.
@@ -133,7 +133,7 @@ def select_blocks(
 
     Returns ``SparseSelection(block_ids int32[H, T, topk], page_table int32[T, H, topk],
     context_lens int32[T, H])``. Index head ``h`` drives kv head ``h``. ``block_table``,
-    ``positions`` and ``requests`` are int32 or int64 (SPEC §15.16).
+    ``positions`` and ``requests`` are int32 or int64 (SPEC §2.4).
     """
     args = (jnp.asarray(scores), *_table_and_rows(block_table, positions, requests))
     validate.select_blocks_args(*args, topk, init_blocks, local_blocks)
@@ -152,7 +152,7 @@ def sparse_attention(
       q: ``bfloat16 | float8_e4m3fn [T, Hq, 128]``.
       k_pool, v_pool: ``uint8[P, Hkv, 8704]``.
       page_table: ``int32 | int64 [T, Hkv, n]``; context_lens: ``int32 | int64 [T, Hkv]``
-        (from select_blocks; SPEC §15.16 for int64).
+        (from select_blocks; SPEC §2.4 for int64).
       sm_scale: softmax scale.
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``.

@@ -1,7 +1,7 @@
 """Launch plans that more than one backend follows (one function each, so they cannot drift).
 
 Plans come from static shapes only (SPEC §9: grids never depend on device values), and a
-row's arithmetic never depends on them (SPEC §15.15: the same bits whatever the batch).
+row's arithmetic never depends on them (SPEC §9.1: the same bits whatever the batch).
 """
 
 from __future__ import annotations

@@ -73,8 +73,8 @@ mxfp4_write_cache_p = define(
 
 
 def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
-    """Bind the primitive: rows go in as bfloat16 (SPEC §15.10), slots as int32 (an int64 slot
-    that does not fit int32 cannot address the pool and is skipped: SPEC §15.16)."""
+    """Bind the primitive: rows go in as bfloat16 (SPEC §1.4), slots as int32 (an int64 slot
+    that does not fit int32 cannot address the pool and is skipped: SPEC §2.4)."""
     x = x.astype(jnp.bfloat16)
     slots = as_int32(slots, "slots", "id")
     return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode,

@@ -2,7 +2,7 @@
 against, and the lowering used where no kernel exists (or under ``set_backend("reference")``).
 
 These functions do not validate their arguments (but for ``sm_scale``, which must be a normal
-fp32 here too: SPEC §15.20); the public API (``jax_mxfp4.write_cache``...) does, then calls a
+fp32 here too: SPEC §9.3); the public API (``jax_mxfp4.write_cache``...) does, then calls a
 primitive whose reference lowering is this module.
 """
 

@@ -12,8 +12,8 @@ page's keys are decoded once for 128 rows by all eight warps: the decode, the in
 that bounds this tile (its ALU pipe is the busiest), costs half as much a row as with one
 warpgroup of 64 rows (RESULTS, thirteenth session).
 
-Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §5, §15.3,
-§15.18; ``index_scores_triton.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's
+Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §4.1, §5,
+§9.2; ``index_scores_triton.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's
 reference byte is the largest scale byte of the tokens any row reaches (NaN-key tokens set
 none); each group ``depth`` binades below it enters the dot as ``e2m1 * 2**(9 - depth)`` in
 fp16 (exact for depths 0..31), deeper groups in further bands of 32 binades, deepest first, the

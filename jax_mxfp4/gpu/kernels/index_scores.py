@@ -1,4 +1,4 @@
-"""The ``index_scores`` lowering on GPUs (SPEC §4, §5, §15.3): the tiling, and which kernel
+"""The ``index_scores`` lowering on GPUs (SPEC §4, §4.1, §5): the tiling, and which kernel
 takes a call.
 
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single

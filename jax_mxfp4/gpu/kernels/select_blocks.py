@@ -1,5 +1,5 @@
 """Triton kernel: top-k blocks per (index head, row) and the sparse page table (SPEC §6,
-§15.8, §15.11).
+§6.1, §2.5).
 
 One program per ``ROWS`` rows of one head; each row is selected in one pass by a bitonic top-k
 network in registers (``tl.topk``). Every block gets one int64 key, ``rank << 32 | NBP - 1 -
