@@ -8,7 +8,8 @@ in another order legitimately differs from the correctly rounded sum, by up to ~
 cancelled score (measured), so the bound is a fraction of the score's magnitude (max over
 live tokens of sum |q_d k_d|, times the folded scale): ``oracle.index_score_tolerance``,
 2**-16 of it, what any order of fp32 sums keeps (docs/spec.md §10.1; measured worst cases
-are a few ulp of the magnitude, bench/RESULTS.md).
+are a few ulp of the magnitude: bench/history/2026-12-03.md, fourteenth session, "How far
+inexact index scores fall from the oracle").
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;

@@ -60,7 +60,9 @@ def key_column(v, nib: tl.constexpr):
 
 WARPS = 4
 """Warps per program: warp ``w`` holds tokens ``16w .. 16w + 15`` and ``64 + 16w ..`` of a
-page (the M tiles of its two MMAs per K step). Eight warps measured slower (RESULTS)."""
+page (the M tiles of its two MMAs per K step). Eight warps measured slower (53.0 against 41.6
+us at b8 S4 128K: bench/history/2026-12-01.md, sixth session, "Decode tiles with the page's
+tokens as the MMA's M")."""
 
 TILE_WARPS = gl.constexpr(WARPS)
 MAX_DOT_ROWS = gl.constexpr(8)

@@ -363,7 +363,7 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     makes that output NaN in the weighted sum anyway (``0 * NaN`` is NaN). On sm_90 every
     ``m`` and ``l`` load now goes out first, 11 of the 16 ``o`` loads during the first pass
     (once the first ``m`` is there) and the other 5 after the second: two round trips and
-    part of a third (RESULTS, eighteenth session)."""
+    part of a third (bench/history/2026-12-03.md, eighteenth session, "What landed")."""
     part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
     poisoned = tl.zeros((GP, cols.shape[0]), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
@@ -420,8 +420,9 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
 
 REDUCE_BLOCKS = 1
 """MXFP8 blocks (32 head dimensions) per reduce program: ``4 // REDUCE_BLOCKS`` programs per
-row. One block was as fast as or faster than two or four at 1 to 256 rows (RESULTS): a short
-chain per program, and the partials still load in 16-byte pieces. A constant: the programs'
+row. One block was as fast as or faster than two or four at 1 to 256 rows
+(bench/history/2026-12-01.md, fourth session, the merge-program table): a short chain per
+program, and the partials still load in 16-byte pieces. A constant: the programs'
 shape never follows the number of rows (batch invariance)."""
 
 
@@ -442,7 +443,8 @@ class Plan:
 ATTENTION_WARPS = 4
 """Warps of every attention program, whatever the grid: a program's reductions and dot
 layouts follow its warp count, so a count chosen by the grid size would make a row's bits
-depend on the batch (SPEC §9.1). Four was the faster count from 32 rows on (RESULTS)."""
+depend on the batch (SPEC §9.1). Four was the faster count from 32 rows on; eight helped only
+at 1-8 rows (bench/history/2026-12-01.md, "later: page loads issued together")."""
 
 
 def plan(group: int, num_pages: int) -> Plan:
