@@ -5,7 +5,8 @@ Exports a few of the bench's shapes for CUDA sm_90 (``jax.export`` under
 Triton kernel the lowering compiles, and disassembles each cubin with the ``nvdisasm`` and
 ``cuobjdump`` that ship with Triton. Per kernel: registers, stack and shared memory per
 program, and the instruction mix. Counts are static (a loop body counts once), and fewer
-instructions is not always faster (bench/RESULTS.md has a counter-example): use it to choose
+instructions is not always faster (bench/history/2026-11-29.md has a counter-example: the page
+as the dots' left operand, fewer SASS instructions and slower): use it to choose
 what to time on the device, not instead of timing.
 
     python bench/sass_stats.py [CASE ...]      # default: every case
@@ -137,11 +138,12 @@ def _written(instruction: str) -> set[int]:
 
 
 def load_schedule(instructions: list[str]) -> list[dict]:
-    """Each global load (``LDG``) of a kernel: its index in the program, its text, and whether
-    a shared-memory store of data an earlier global load brought (``STS``/``STSM`` of one of
-    its registers, not overwritten since) comes before it. ptxas issues no load past such a
-    store (its data must have arrived first), so a load flagged here waits one round trip
-    for another load (docs/notes.md, twenty-fourth session). Static and approximate: a
+    """Each global load (``LDG``) of a kernel: its index in the program, its text, and whether a
+    shared-memory store of data an earlier global load brought (``STS``/``STSM`` of one of its
+    registers, not overwritten since) comes before it. ptxas issues no load past such a store
+    (its data must have arrived first), so a load flagged here waits one round trip for another
+    load (docs/notes.md, "ptxas issues no global load ahead of a shared-memory store of loaded
+    data"; bench/history/2026-12-04.md, twenty-fourth session). Static and approximate: a
     register is taken as loaded data from its load to its next write."""
     loaded: set[int] = set()
     stored_loaded = False

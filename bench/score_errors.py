@@ -1,6 +1,6 @@
 """How far inexact index scores fall from the float64 oracle, over many random pools.
 
-The evidence for docs/spec.md decision 19 (the index score tolerance): one prefill case
+The evidence for docs/spec.md §10.1 (the index score tolerance): one prefill case
 (three requests, a 1403-token context, per-32-group scale bytes 110..140: ``tests/gpu``'s
 ``prefill-9-blocks`` case) drawn with seeds ``0 .. N-1``, scored by each backend of this
 machine (``auto``: the C++ handlers on the CPU, the Triton kernels on a GPU; ``reference``:

@@ -1,4 +1,4 @@
-"""Integer metadata: int32 or int64, and the one rule for values wider than int32 (SPEC §15.16).
+"""Integer metadata: int32 or int64, and the one rule for values wider than int32 (SPEC §2.4).
 
 ``jm.metadata.as_int32(x, name, kind)`` maps a host or JAX array to int32 the way every
 operation does: an ``"id"`` that does not fit int32 becomes -1, a ``"length"`` saturates. A

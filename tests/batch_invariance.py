@@ -1,4 +1,4 @@
-"""Batch invariance (SPEC §15.15): a row's bits depend only on that row's inputs.
+"""Batch invariance (SPEC §9.1): a row's bits depend only on that row's inputs.
 
 Each check computes an operation on a batch of rows and on subsets of it - the first row
 alone, the first 8, the first 32, and the whole batch shuffled (for the scorers: of requests,

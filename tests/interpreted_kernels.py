@@ -5,7 +5,7 @@ the kernels are decorated, so it needs a process of its own). Values are checked
 only for kernels without ``tl.dot`` and with in-kernel e4m3 rounding only of values exact in
 e4m3: the interpreter's fp16 dots are not exact and its fp32 -> e4m3 conversion rounds 1.96
 down to 1.0 (triton 3.6.0); kernels with dots are checked for the class of each result (NaN,
--inf, finite: SPEC §15.18). Prints one ``ok <name>`` line per check; raises on a mismatch.
+-inf, finite: SPEC §9.2). Prints one ``ok <name>`` line per check; raises on a mismatch.
 
 Arrays go to the kernels as :class:`HostArray`, a numpy array with the few tensor methods the
 interpreter calls (``data_ptr``, storage and view bookkeeping), so no torch is needed.
@@ -163,7 +163,7 @@ def _mxfp8_store_kernel(o_ptr, values_ptr, scales_ptr, t, qh0):
 
 def check_mxfp8_epilogue(rng) -> None:
     """The attention kernel's MXFP8 store of one token's 4 q heads (16 blocks): blocks with an
-    Inf or NaN get scale byte 255 and NaN values (SPEC §15.13); finite blocks get the SPEC §1.6
+    Inf or NaN get scale byte 255 and NaN values (SPEC §1.9); finite blocks get the SPEC §1.6
     scale. Finite values are e4m3-exact after scaling (small integers times a power of two),
     so the interpreter's inexact e4m3 rounding cannot hide or fake a difference."""
     o = rng.integers(-15, 16, (4, 128)).astype(np.float32)
@@ -282,7 +282,7 @@ def poison_diagonal_block(case) -> None:
 
 
 def check_index_score_classes(rng) -> None:
-    """SPEC §15.18 in every tiling (one row on the CUDA cores, group dots, folded keys): NaN
+    """SPEC §9.2 in every tiling (one row on the CUDA cores, group dots, folded keys): NaN
     where the oracle has NaN, -inf where it has -inf, finite elsewhere. e4m3 queries, and no
     NaN query: the interpreter's e4m3 conversions are not the hardware's (it decodes the e4m3
     NaN 0x7F as 480, and a bf16 NaN rounded to e4m3 came out finite) and its bf16 dots lost
@@ -343,7 +343,7 @@ def interpreted_attention(case, splits: int, blocks: int | None = None) -> np.nd
 
 
 def check_attention_classes(rng) -> None:
-    """SPEC §15.18 through the direct and the split-K paths: a live NaN key scale, a NaN and
+    """SPEC §9.2 through the direct and the split-K paths: a live NaN key scale, a NaN and
     an infinite bf16 query element, an overflowing logit make their q heads NaN; a live V
     byte 255 makes its 32 dims NaN; garbage past the contexts does not leak. Classes against
     the oracle (NaN, +-inf, finite)."""

@@ -146,12 +146,12 @@ def e2m1_rne_code(v) -> np.ndarray:
 
 
 def bf16_values(x) -> np.ndarray:
-    """float64 values of ``x`` (any float dtype) rounded to bfloat16 (SPEC §15.10)."""
+    """float64 values of ``x`` (any float dtype) rounded to bfloat16 (SPEC §1.4)."""
     return round_bf16(as_f64(x))
 
 
 def mxfp4_scale_bytes(amax, round_mode: str = "up") -> np.ndarray:
-    """e8m0 scale byte per block from the (bf16-valued) block amax (SPEC §1.4, §15.1)."""
+    """e8m0 scale byte per block from the (bf16-valued) block amax (SPEC §1.4)."""
     amax = np.asarray(amax, np.float64)
     if round_mode == "up":
         r = amax.astype(np.float32) / np.float32(6.0)  # fp32 division, correctly rounded
@@ -170,7 +170,7 @@ def mxfp4_scale_bytes(amax, round_mode: str = "up") -> np.ndarray:
         byte = np.where(amax == 0, 0, np.maximum((e - 1) - 2 + 127, 0))
     else:
         raise ValueError(round_mode)
-    # SPEC §15.13: a block whose amax is Inf or NaN gets byte 255 (NaN) in every mode.
+    # SPEC §1.9: a block whose amax is Inf or NaN gets byte 255 (NaN) in every mode.
     return np.where(np.isfinite(amax), np.clip(byte, 0, 254), 255).astype(np.uint8)
 
 
@@ -188,7 +188,7 @@ def quantize_mxfp4(x, round_mode: str = "up") -> tuple[np.ndarray, np.ndarray]:
 
 def mxfp8_scale_bytes(amax) -> np.ndarray:
     """``clamp(ceil(log2(amax / 448)) + 127, 0, 254)`` in float64; amax 0 -> 0 (SPEC §1.6);
-    an Inf or NaN amax -> 255 (SPEC §15.13)."""
+    an Inf or NaN amax -> 255 (SPEC §1.9)."""
     amax = np.asarray(amax, np.float64)
     finite = np.isfinite(amax)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -200,7 +200,7 @@ def mxfp8_scale_bytes(amax) -> np.ndarray:
 def quantize_mxfp8(x) -> tuple[np.ndarray, np.ndarray]:
     """MXFP8 of ``x[..., K]`` (rounded to bf16 first): ``(e4m3[..., K], uint8[..., K//32])``.
     Every value of a block with scale byte 255 (an Inf or NaN in the block) is the e4m3 NaN
-    0x7F (SPEC §1.6, §15.13)."""
+    0x7F (SPEC §1.6, §1.9)."""
     xv = bf16_values(x)
     blocks = xv.reshape(*xv.shape[:-1], -1, BLOCK)
     scales = mxfp8_scale_bytes(np.max(np.abs(blocks), axis=-1))
@@ -248,7 +248,7 @@ def dequant_pool(pool) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# Query rows (SPEC §2.2, §15.11)
+# Query rows (SPEC §2.2, §2.5)
 # --------------------------------------------------------------------------------------------
 
 
@@ -276,7 +276,7 @@ def decode_rows(seq_lens, s: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --------------------------------------------------------------------------------------------
-# Index scores (SPEC §4, §5, §15.3, §15.4, §15.6)
+# Index scores (SPEC §4, §4.1, §5, §5.1, §2.3)
 # --------------------------------------------------------------------------------------------
 
 
@@ -316,7 +316,7 @@ def index_scores(q, index_pool, block_table, positions, requests, *, num_blocks:
                 dots = pages[page, :live] @ qe[n].T  # [live, H], exact products, f64 sums
                 logits = dots.astype(np.float32)
                 best = logits.max(axis=0) * scale
-            # SPEC §15.18: a live logit that is not finite in fp32 (NaN key or query, overflow)
+            # SPEC §9.2: a live logit that is not finite in fp32 (NaN key or query, overflow)
             out[:, n, j] = np.where(np.isfinite(logits).all(axis=0), best, np.nan)
     return out
 
@@ -343,7 +343,7 @@ def index_score_magnitudes(q, index_pool, block_table, positions, requests, *,
 
 
 # --------------------------------------------------------------------------------------------
-# Block selection (SPEC §6, §15.8, §15.11)
+# Block selection (SPEC §6, §6.1, §2.5)
 # --------------------------------------------------------------------------------------------
 
 
@@ -407,7 +407,7 @@ def select_blocks(scores, block_table, positions, requests, *, topk: int = 16,
 
 
 # --------------------------------------------------------------------------------------------
-# Sparse attention (SPEC §7, §8, §15.9)
+# Sparse attention (SPEC §7, §7.1, §8)
 # --------------------------------------------------------------------------------------------
 
 
@@ -432,7 +432,7 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
     q8, q_scale = attention_query_values(q)
     num_rows, num_q_heads, _ = q8.shape
     kp = dequant_pool(k_pool)  # [P, Hkv, 128, D]
-    # V elements are fp32 values (SPEC §15.18): past the fp32 range they are infinite.
+    # V elements are fp32 values (SPEC §9.2): past the fp32 range they are infinite.
     with np.errstate(over="ignore"):
         vp = dequant_pool(v_pool).astype(np.float32).astype(np.float64)
     num_pages, num_kv_heads = kp.shape[:2]
@@ -461,7 +461,7 @@ def sparse_attention_f64(q, k_pool, v_pool, page_table, context_lens, *,
             with np.errstate(over="ignore", invalid="ignore"):
                 scaled = (q8[t, heads] @ k.T) * q_scale[t, heads, None]  # [G, n]
                 logits = scaled * sm_scale
-                # SPEC §15.18: a live logit that is not finite in fp32 -> that q head is NaN
+                # SPEC §9.2: a live logit that is not finite in fp32 -> that q head is NaN
                 finite = (np.isfinite(scaled.astype(np.float32))
                           & np.isfinite(logits.astype(np.float32))).all(axis=-1)
                 w = np.exp(logits - logits.max(axis=-1, keepdims=True))
@@ -504,7 +504,7 @@ def ulp_f32(x) -> np.ndarray:
 
 INDEX_SCORE_BOUND = 2.0**-16
 """An inexact index score's largest error, as a fraction of its magnitude (docs/spec.md §10,
-§15.19): a token's 128 products are exact in fp32, so an fp32 accumulation of them, in any
+§10.1): a token's 128 products are exact in fp32, so an fp32 accumulation of them, in any
 order and rounding to nearest or toward zero, rounds at most 127 times, each by less than
 one ulp of a partial sum, which is at most the magnitude (an ulp of a normal number is at
 most ``2**-23`` of it); the kernel's final multiply by the score scale and the oracle's

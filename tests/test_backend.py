@@ -110,7 +110,8 @@ def test_lowering_options_are_part_of_the_jit_key():
     with pytest.raises(ValueError, match="gfx950_kernels"):
         with jm.lowering_options(gfx950_kernels="cuda"):
             pass
-    for removed in ("cutlass", "gluon"):  # "gluon": the experiment, deleted (RESULTS)
+    # "gluon": the experiment, deleted (bench/RESULTS.md, "Experiments deleted (2026-12-07)")
+    for removed in ("cutlass", "gluon"):
         with pytest.raises(ValueError, match="cuda_kernels"):
             with jm.lowering_options(cuda_kernels=removed):
                 pass

@@ -1,4 +1,4 @@
-"""Same bits whatever the batch (SPEC §15.15), on the CPU's C++ handlers: each operation on a
+"""Same bits whatever the batch (SPEC §9.1), on the CPU's C++ handlers: each operation on a
 batch of rows and on subsets of it (first row, first 8, first 32, shuffled), shared rows
 bit-equal. The checks are ``tests/batch_invariance.py``; ``tests/gpu`` runs them on the GPU.
 

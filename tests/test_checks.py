@@ -72,7 +72,7 @@ API_RULES = [
      lambda: _attention(sm_scale=1e39), lambda: _attention(sm_scale=FLT_MAX)),
     ("sm_scale positive in fp32", ValueError, "sm_scale",
      lambda: _attention(sm_scale=1e-46), lambda: _attention(sm_scale=FLT_MIN)),
-    ("sm_scale normal in fp32 (SPEC §15.20)", ValueError, "sm_scale",
+    ("sm_scale normal in fp32 (SPEC §9.3)", ValueError, "sm_scale",
      lambda: _scores(sm_scale=float(np.nextafter(np.float32(FLT_MIN), np.float32(0)))),
      lambda: _scores(sm_scale=FLT_MIN)),
     ("sm_scale not NaN", ValueError, "sm_scale",
@@ -158,7 +158,7 @@ def test_public_api_rule_at_its_boundary(rule, exc, name, refused, accepted):
 
 
 def test_dequantize_mxfp8_scale_byte_255_is_nan():
-    """SPEC §15.13: scale byte 255 makes its whole block NaN; byte 254 is finite (the
+    """SPEC §1.9: scale byte 255 makes its whole block NaN; byte 254 is finite (the
     boundary), whatever the values."""
     values = jnp.full((2, 64), 1.0, jnp.float8_e4m3fn)
     scales = jnp.array([[255, 254], [0, 255]], jnp.uint8)

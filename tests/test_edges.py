@@ -1,4 +1,4 @@
-"""Every backend keeps the same rules on the edges (SPEC §15.6, §15.14): zero rows, zero kv
+"""Every backend keeps the same rules on the edges (SPEC §2.3, §3.1): zero rows, zero kv
 heads, and duplicate slots resolved by the reference lowering itself.
 
 Seen failing before: every zero-row case of the reference (``ZeroDivisionError`` from a
@@ -119,7 +119,7 @@ def test_reference_scatter_targets_are_the_last_writers(slots):
 
 @pytest.mark.parametrize("impl", ["reference", "public"])
 def test_duplicate_slots_keep_the_last_row(rng, impl):
-    """SPEC §15.14 on the CPU backends (tests/gpu/test_gpu_rules.py checks the GPU ones)."""
+    """SPEC §3.1 on the CPU backends (tests/gpu/test_gpu_rules.py checks the GPU ones)."""
     pool = rng.integers(0, 256, (3, 2, 8704), dtype=np.uint8)
     x = oracle.to_bf16(rng.standard_normal((12, 2, 128)))
     slots = np.array([5, 5, 130, 5, -1, 130, 383, 2, 383, 9, 5, 384], np.int32)

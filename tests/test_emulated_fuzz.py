@@ -14,7 +14,7 @@ Cases, at small sizes (1-4 heads, 1-6 blocks, up to 8 rows):
   tables with duplicate and out-of-range page ids, ``q_round`` "e4m3" and "none", ``topk``
   from 1 to the block count, bf16 and MXFP8 output, the same pool as ``k_pool`` and
   ``v_pool``. Scores bit for bit where SPEC says exact (an e4m3 query, stored or rounded,
-  one scale byte per token, no page live twice), elsewhere within twice §15.19's bound;
+  one scale byte per token, no page live twice), elsewhere within twice §10.1's bound;
   the selection (of the CPU's scores) bit for bit; attention within §10 with NaN where the
   CPU has it, and MXFP8 bit for bit ``quantize_mxfp8`` of the same backend's bf16 output.
 * ``attention``: ``sparse_attention`` on page tables and contexts drawn anywhere.
@@ -165,7 +165,7 @@ def check_write(data, target: str) -> None:
     slots = rng.integers(-2, pages * 128 + 2, tokens)
     at_edge = rng.random(tokens) < 0.2
     slots[at_edge] = rng.choice(edge, int(at_edge.sum()))
-    if tokens > 1:  # repeated slots: the last row naming one wins (SPEC §15.14)
+    if tokens > 1:  # repeated slots: the last row naming one wins (SPEC §3.1)
         dup = rng.random(tokens) < 0.3
         slots[dup] = rng.choice(slots, tokens)[dup]
     slots = slots.astype(np.int32)
@@ -222,7 +222,7 @@ def draw_table(data, requests: int, num_blocks: int):
 
 def check_scores(got, want, case, static) -> None:
     """Index scores ``f32 [H, T, NB]``: bit for bit where SPEC §10 says exact, else the same
-    -inf and NaN and finite ones within twice §15.19's bound (two backends)."""
+    -inf and NaN and finite ones within twice §10.1's bound (two backends)."""
     if case["exact"]:
         assert oracle.bits_equal(got, want).all(), np.argwhere(~oracle.bits_equal(got, want))
         return

@@ -3,7 +3,7 @@ folded into one launch, ``lax.scan`` over stacked per-layer pools, donation, ``j
 eager, on both emulated backends (``emulated-gfx950``: the FlyDSL kernels where they cover a
 call, Triton gfx950 elsewhere; ``emulated-gfx942``: Triton gfx942).
 
-The GPU kernels are row invariant (SPEC §15, batch invariance): a row's bits do not depend on
+The GPU kernels are row invariant (SPEC §9.1, batch invariance): a row's bits do not depend on
 the other rows of the call, so a ``vmap`` or a ``scan`` equals the loop of single calls bit
 for bit on the same backend. How each kernel compares with the reference is the business of
 the operation tests (``tests/test_index_scores.py`` ... marked ``emulated``).

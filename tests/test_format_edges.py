@@ -1,5 +1,5 @@
-"""MX format edge cases found by comparing with independent implementations (SPEC §15.12,
-§15.13): MXFP8 dequantization of every (e4m3 byte, scale byte) pair against ``ml_dtypes``, and
+"""MX format edge cases found by comparing with independent implementations (SPEC §1.8,
+§1.9): MXFP8 dequantization of every (e4m3 byte, scale byte) pair against ``ml_dtypes``, and
 blocks holding Inf or NaN in MXFP4 and MXFP8 (scale byte 255, the block dequantizes to NaN).
 
 Mutation checks (each applied to ``jax_mxfp4/_src/core/formats.py`` alone, the tests run, restored):

@@ -1,4 +1,4 @@
-"""MXFP4 / MXFP8 codecs (SPEC §1, §15.1, §15.10, §15.12) against the float64 oracle.
+"""MXFP4 / MXFP8 codecs (SPEC §1, §1.4, §1.8) against the float64 oracle.
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;

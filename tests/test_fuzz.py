@@ -1,7 +1,7 @@
 """Metadata fuzzing: the public API (the C++ handlers, both kernel flavours) against the
 reference and the float64 oracle, with metadata drawn from the whole int32 and int64 ranges
 (edges, out-of-range ids, values that wrap), int64 given as host arrays with x64 off and as
-traced arrays with x64 on (SPEC §6, §15.6, §15.14, §15.16, §15.18).
+traced arrays with x64 on (SPEC §6, §2.3, §3.1, §2.4, §9.2).
 
 A few examples per case run in the test-suite; ``pytest -m fuzz`` runs the long version
 (``JAX_MXFP4_FUZZ_EXAMPLES`` examples per case, 400 by default), and ``make fuzz`` runs that
@@ -34,7 +34,7 @@ I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 P, H, T, B, W, NB = 5, 2, 8, 3, 5, 4
 _RNG = np.random.default_rng(2024)
 POOL = random_pages(_RNG, (P,), 1, 254, per_token=True)
-POOL[1, 8192 + 4 * 9] = 255  # a NaN key (SPEC §15.18)
+POOL[1, 8192 + 4 * 9] = 255  # a NaN key (SPEC §9.2)
 KV = random_pages(_RNG, (P, H), 110, 135)
 Q_INDEX = oracle.to_e4m3(_RNG.standard_normal((T, H, 128)))
 Q = oracle.to_bf16(_RNG.standard_normal((T, H * 2, 128)))
@@ -74,7 +74,7 @@ def _array(values, prefer_int32, shape):
 
 
 def as_id(x):
-    """The int32 ``x`` means (SPEC §15.16): ids outside int32 are -1."""
+    """The int32 ``x`` means (SPEC §2.4): ids outside int32 are -1."""
     x = np.asarray(x, np.int64)
     return np.where((x >= I32_MIN) & (x <= I32_MAX), x, -1).astype(np.int32)
 

@@ -1,4 +1,4 @@
-"""index_scores (SPEC §4, §5, §15.3, §15.4, §15.6) against the float64 oracle.
+"""index_scores (SPEC §4, §4.1, §5, §5.1, §2.3) against the float64 oracle.
 
 Exactness: with an e4m3 query (stored, or a bf16 query rounded to e4m3) and one scale byte per
 token (bytes 100..150), every product is exact and every partial sum of a token's 128 products
@@ -7,8 +7,9 @@ Elsewhere (per-32-block bytes in [119, 133], bf16 queries kept as bf16) an fp32 
 in another order legitimately differs from the correctly rounded sum, by up to ~30 ulp of a
 cancelled score (measured), so the bound is a fraction of the score's magnitude (max over
 live tokens of sum |q_d k_d|, times the folded scale): ``oracle.index_score_tolerance``,
-2**-16 of it, what any order of fp32 sums keeps (docs/spec.md §15.19; measured worst cases
-are a few ulp of the magnitude, bench/RESULTS.md).
+2**-16 of it, what any order of fp32 sums keeps (docs/spec.md §10.1; measured worst cases
+are a few ulp of the magnitude: bench/history/2026-12-03.md, fourteenth session, "How far
+inexact index scores fall from the oracle").
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;
@@ -31,7 +32,7 @@ the listed tests are those that failed, not just the ones meant to catch it).
   * out-of-range page ids clamped into the pool -> test_out_of_range_page_ids [2].
   * padding rows (position -1) scored as position 0 -> test_scores_decode [18] and 44 more.
   * token dots rounded to 14 significant bits (an fp8 tensor core's accumulator; with the
-    tolerance of docs/spec.md §15.19, 2026-12-02) -> 15 tolerance checks, at 1.01-1.56 times
+    tolerance of docs/spec.md §10.1, 2026-12-02) -> 15 tolerance checks, at 1.01-1.56 times
     the tolerance, incl. test_deep_scale_groups[reference-*] (and the exact tests).
 """
 
@@ -86,7 +87,7 @@ def assert_scores(got, want, *, exact: bool, positions=None, magnitudes=None):
         fin = ~inf_want
         err = oracle.index_score_errors(got[fin], want[fin], magnitudes[fin])
         assert (err <= 1).all(), f"max error {err.max():.2f} of the tolerance"
-    if positions is not None:  # SPEC §15.3: -inf for every block past the row's reach
+    if positions is not None:  # SPEC §4.1: -inf for every block past the row's reach
         blocks = np.arange(got.shape[2])
         for t, p in enumerate(positions):
             reach = blocks > p // 128 if p >= 0 else np.ones_like(blocks, bool)
@@ -148,7 +149,7 @@ def test_scores_many_requests(impl, rng):
 
 
 def test_out_of_range_page_ids(impl, rng):
-    """SPEC §15.6: a page id outside [0, P) reads as a page with no live tokens."""
+    """SPEC §2.3: a page id outside [0, P) reads as a page with no live tokens."""
     case = prefill_index_case(rng, **PREFILL, num_heads=2, scale_lo=100, scale_hi=150,
                               per_token=True)
     num_pages = case.pool.shape[0]
@@ -167,7 +168,7 @@ def test_out_of_range_page_ids(impl, rng):
 
 def test_positions_beyond_table(impl, rng):
     """A request longer than num_blocks * 128 tokens: the table is exactly num_blocks wide and
-    every scored block is fully live for its rows (SPEC §15.6: clipped)."""
+    every scored block is fully live for its rows (SPEC §2.3: clipped)."""
     case = prefill_index_case(rng, [3, 2], [690, 10], num_heads=2, table_width=4,
                               scale_lo=100, scale_hi=150, per_token=True)
     assert case.block_table.shape[1] == case.num_blocks == 4
@@ -210,7 +211,7 @@ def test_deep_scale_groups(impl, layout, rng):
 
 
 def test_e4m3_saturation(impl, rng):
-    """SPEC §15.2: a bf16 query rounds to e4m3 with saturation: +-500, +-1e30 -> +-448."""
+    """SPEC §1.5: a bf16 query rounds to e4m3 with saturation: +-500, +-1e30 -> +-448."""
     case = decode_index_case(rng, [130, 5, 1, 400], 4, num_heads=2, scale_lo=127,
                              scale_hi=127, per_token=True)
     q = np.zeros(case.q.shape)

@@ -1,4 +1,4 @@
-"""64-bit metadata never wraps (SPEC §15.16): every metadata argument of every operation and
+"""64-bit metadata never wraps (SPEC §2.4): every metadata argument of every operation and
 row helper takes int32 and int64; an int64 value outside int32 means what an out-of-range
 value of its kind means (an id: -1; a length: saturated), never its low 32 bits.
 

@@ -1,5 +1,5 @@
 """``jm.check_metadata`` reports, with row and value, each case the operations silently mask,
-clip or skip (SPEC §15.6, §15.14), and nothing for metadata that is fine: eagerly, under
+clip or skip (SPEC §2.3, §3.1), and nothing for metadata that is fine: eagerly, under
 ``jit`` and under ``vmap``.
 
 Mutation checks: the block-table check reading every column instead of those the row reaches

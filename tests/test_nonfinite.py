@@ -1,4 +1,4 @@
-"""Non-finite values (SPEC §15.18) on every CPU backend: the reference, the C++ handlers with
+"""Non-finite values (SPEC §9.2) on every CPU backend: the reference, the C++ handlers with
 their SIMD kernels and with the portable ones, against the float64 oracle.
 
 * index_scores: a live token whose logit is not finite (a NaN key scale byte, a NaN query
@@ -100,7 +100,7 @@ def test_index_nan_key_scale_and_nan_query(impl, monkeypatch, rng):
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 def test_index_infinite_query(impl, q_round, monkeypatch, rng):
     """An infinite bf16 query element: kept by ``q_round="none"`` (NaN scores), saturated to
-    448 by the e4m3 rounding (finite scores, SPEC §15.2)."""
+    448 by the e4m3 rounding (finite scores, SPEC §1.5)."""
     case = index_case(rng, "bf16")
     case.q[0, 0, 3] = np.inf
     got, want = index_scores(impl, monkeypatch, case, q_round)

@@ -1,5 +1,5 @@
-"""Paged pools: write_cache, dequantize_pool, prefill_rows, decode_rows (SPEC §2, §3, §15.6,
-§15.10, §15.11) against the float64 oracle and hand-computed expectations.
+"""Paged pools: write_cache, dequantize_pool, prefill_rows, decode_rows (SPEC §2, §3, §2.3,
+§1.4, §2.5) against the float64 oracle and hand-computed expectations.
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;

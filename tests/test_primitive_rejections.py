@@ -1,7 +1,7 @@
 """The primitives validate at trace time too (their abstract evaluation), for code that binds
 them directly or traces them under transformations; and they take int32 metadata only (SPEC
 §11: an int64 seq_lens silently gave a wrong causal window in the kernels this ports; the
-public API narrows int64 per SPEC §15.16 first).
+public API narrows int64 per SPEC §2.4 first).
 
 Mutation check: deleting the ``validate.*`` call from a primitive's abstract eval makes the
 matching test here fail (the bad operand reaches the kernel or the reference).
@@ -80,7 +80,7 @@ def test_write_cache_primitive_takes_only_kernel_dtypes():
 
 def test_primitives_take_int32_metadata_only():
     """The kernels' contract is int32: a primitive refuses int64 metadata (the public API
-    narrows it first, SPEC §15.16: tests/test_metadata.py)."""
+    narrows it first, SPEC §2.4: tests/test_metadata.py)."""
     with jax.enable_x64(True):
         pos64 = [INDEX_OK[3][0], jnp.int64]
         _raises(TypeError, "positions", _abstract, mxfp4_index_scores_p, *INDEX_OK[:3], pos64,

@@ -1,4 +1,4 @@
-"""The row helpers never wrap (SPEC §15.16, §15.17): ``prefill_rows``, ``decode_rows`` and
+"""The row helpers never wrap (SPEC §2.4, §2.6): ``prefill_rows``, ``decode_rows`` and
 ``slot_mapping`` over the whole int32 and int64 range (hypothesis), against exact Python
 integer models, with ``jax_enable_x64`` off (int64 host arrays) and on (traced int64 arrays).
 
@@ -110,7 +110,7 @@ def test_decode_rows_never_wrap(mode, seq, s):
     positions, requests = run(mode, jm.decode_rows, seq, tokens_per_request=s)
     for b in range(B):
         for i in range(s):
-            want = sat(seq[b]) - s + i  # a length saturates (SPEC §15.16), then exact
+            want = sat(seq[b]) - s + i  # a length saturates (SPEC §2.4), then exact
             assert positions[b * s + i] == (want if want >= 0 else -1)
             assert requests[b * s + i] == b
 

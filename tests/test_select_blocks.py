@@ -1,4 +1,4 @@
-"""select_blocks (SPEC §6, §15.8, §15.11) against the float64 oracle, exactly.
+"""select_blocks (SPEC §6, §6.1, §2.5) against the float64 oracle, exactly.
 
 Mutation check: each mutation below was applied to a copy of the package, one edit at a
 time, and the tests named after it failed (count of failing parametrizations in brackets;

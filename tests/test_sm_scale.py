@@ -1,8 +1,8 @@
-"""SPEC §15.20: ``sm_scale`` must be a normal fp32, refused at trace time otherwise.
+"""SPEC §9.3: ``sm_scale`` must be a normal fp32, refused at trace time otherwise.
 
 A subnormal scale used to be accepted and then flushed to zero by XLA's CPU backend, so the CPU
 and reference backends scored a block with no live token ``-inf * 0 = NaN`` instead of SPEC
-§15.3's ``-inf``. Every operation that takes ``sm_scale`` (``index_scores``, ``sparse_attention``
+§4.1's ``-inf``. Every operation that takes ``sm_scale`` (``index_scores``, ``sparse_attention``
 with either output) now refuses it on every backend, ``jm.reference`` included; the refusal
 happens while tracing (``jax.eval_shape`` lowers nothing), so the emulated ROCm backends need
 no kernels to be checked here. The smallest normal fp32 is accepted and gives the defined
@@ -70,7 +70,7 @@ def _run(impl: str, op: str, sm_scale: float, *, trace_only: bool):
 @pytest.mark.parametrize("op", list(_ops(jm)))
 @pytest.mark.parametrize("impl", IMPLS)
 def test_subnormal_sm_scale_is_refused(impl, op, sm_scale):
-    with pytest.raises(ValueError, match=r"sm_scale must be a normal fp32.*SPEC §15\.20"):
+    with pytest.raises(ValueError, match=r"sm_scale must be a normal fp32.*SPEC §9\.3"):
         _run(impl, op, sm_scale, trace_only=True)
 
 

@@ -1,4 +1,4 @@
-"""sparse_attention (SPEC §7, §8, §10, §11, §15.9) against the float64 oracle.
+"""sparse_attention (SPEC §7, §7.1, §8, §10, §11) against the float64 oracle.
 
 Tolerance (SPEC §10): allclose(rtol=atol=1e-2) with at most 1% of the elements outside, and a
 relative L2 error <= 5e-3. The MXFP8 output is checked bit for bit against quantize_mxfp8 of
@@ -128,7 +128,7 @@ def test_garbage_does_not_leak(impl, unused, rng):
 
 
 def test_out_of_range_page_ids(impl, rng):
-    """SPEC §15.6: tokens of a page id outside [0, P) are masked."""
+    """SPEC §2.3: tokens of a page id outside [0, P) are masked."""
     case = attention_case(rng, CONTEXTS, group=4)
     num_pages = case.k_pool.shape[0]
     case.page_table[0, 1, 3] = -3  # row (0, 1): 2048 tokens, page 3 masked
@@ -182,7 +182,7 @@ def test_pv_range(impl, rng):
 
 
 def test_query_normalization_ties(impl, rng):
-    """SPEC §15.9: ``q_scale = fp32(amax / 448)``, ``q8 = e4m3(fp32(q / q_scale))``, RNE.
+    """SPEC §7.1: ``q_scale = fp32(amax / 448)``, ``q8 = e4m3(fp32(q / q_scale))``, RNE.
 
     Every q row has amax 3.0625 (q_scale = 7/1024 exactly) and one element at an exact e4m3
     tie of ``q / q_scale`` (184 -> 192, 200 -> 192, 216 -> 224, 232 -> 224). Token A has K = k
@@ -257,7 +257,7 @@ def test_mxfp8_output(impl, kv_heads, group, rng):
 
 
 def test_mxfp8_output_non_finite_blocks(impl, rng):
-    """SPEC §15.13 in the fused epilogue: an output block holding Inf or NaN gets scale byte 255
+    """SPEC §1.9 in the fused epilogue: an output block holding Inf or NaN gets scale byte 255
     and NaN values, as quantize_mxfp8 gives for the bf16 output. Mutation: the C++ epilogue's
     ``sb`` without its non-finite case (byte 247/248, values scaled) fails this test."""
     case = attention_case(rng, CONTEXTS[:, 1:], group=4)

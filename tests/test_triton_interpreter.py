@@ -15,7 +15,7 @@ values against the direct path's, at SPEC §10's tolerance: 45 % / 63 % outside;
 more splits than ``MERGE_IN_FLIGHT`` fails the long-row check (4.5 % outside); so does a
 merge program (one MXFP8 block of a row each) storing its head dimensions with the two
 nibbles' columns swapped (83 % outside), or reading the high nibbles' columns ``BLOCKS * 16``
-after the low ones instead of 64 (right only for a whole row), fails it. SPEC §15.18
+after the low ones instead of 64 (right only for a whole row), fails it. SPEC §9.2
 (checked by the class of each result): without the NaN of a byte-255 token in
 ``mxfp4.page_logits`` the group-dot tiling fails, in ``mxfp4.row_page_logits`` the one-row
 tiling; without the poisoned-row test of ``_masked_maxima`` / ``_row_maxima`` the group-dot /

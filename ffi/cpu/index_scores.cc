@@ -1,5 +1,5 @@
 // jax_mxfp4_index_scores: block scores of each query row over the MXFP4 index cache
-// (SPEC §4, §5, §15.3, §15.4, §15.6; reference/index_scores.py).
+// (SPEC §4, §4.1, §5, §5.1, §2.3; reference/index_scores.py).
 //
 //   operands: q bf16 | f8e4m3fn [T, H, 128], index_pool u8[P, 8704], block_table s32[B, W],
 //             positions s32[T], requests s32[T]
@@ -9,7 +9,7 @@
 //   out[h, t, j] = max over live tokens k of (Qe[t, h] . Knorm[k]) * 2**(maxbyte_k - 127),
 //                  then * score_scale; -inf * score_scale where no token is live; NaN where a
 //                  live token's logit is not finite (a NaN key or query, an fp32 overflow in
-//                  whatever order the kernel summed: SPEC §15.18).
+//                  whatever order the kernel summed: SPEC §9.2).
 //
 // Work is organised by (request, block): the rows of a request are sorted by position
 // (descending), so the rows that reach block j are a prefix; each page is decoded once and

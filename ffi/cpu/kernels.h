@@ -381,7 +381,7 @@ JAX_MXFP4_AVX512 inline void QueryPairsBf16(const uint16_t* src, bool round_e4m3
   }
 }
 
-// bf16 pairs of e4m3(src / q_scale) for a bf16 query row (SPEC §15.9 with no lift).
+// bf16 pairs of e4m3(src / q_scale) for a bf16 query row (SPEC §7.1 with no lift).
 JAX_MXFP4_AVX512 inline void ScaledQueryPairs(const uint16_t* src, float q_scale, uint32_t* out) {
   const __m512 scale = _mm512_set1_ps(q_scale);
   for (int c = 0; c < 4; ++c) {

@@ -80,7 +80,7 @@ inline float ExactScaledF32(uint32_t bits, int k) {
 }
 
 // fp32 (given as bits) -> float8_e4m3fn code: RNE(clamp(x, -448, 448)), subnormals exact,
-// NaN -> 0x7F with the sign of x (SPEC §1.5, §15.2).
+// NaN -> 0x7F with the sign of x (SPEC §1.5).
 inline uint8_t F32BitsToE4m3(uint32_t b) {
   const uint32_t sign = (b >> 24) & 0x80u;
   const uint32_t a = b & 0x7FFFFFFFu;

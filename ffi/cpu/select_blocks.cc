@@ -1,5 +1,5 @@
 // jax_mxfp4_select_blocks: top-k blocks per (index head, row) and the sparse page table
-// (SPEC §6, §15.8, §15.11; reference/select_blocks.py, bit for bit).
+// (SPEC §6, §6.1, §2.5; reference/select_blocks.py, bit for bit).
 //
 //   operands: scores f32[H, T, NB], block_table s32[B, W] (W >= NB), positions s32[T],
 //             requests s32[T]

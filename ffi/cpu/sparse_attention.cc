@@ -1,5 +1,5 @@
 // jax_mxfp4_sparse_attention and jax_mxfp4_sparse_attention_mxfp8: paged attention over the
-// selected MXFP4 K/V pages (SPEC §7, §8, §15.9; reference/sparse_attention.py).
+// selected MXFP4 K/V pages (SPEC §7, §7.1, §8; reference/sparse_attention.py).
 //
 //   operands: q bf16 | f8e4m3fn [T, Hq, 128], k_pool u8[P, Hkv, 8704], v_pool u8[P, Hkv, 8704],
 //             page_table s32[T, Hkv, n], context_lens s32[T, Hkv]
@@ -13,7 +13,7 @@
 // i / 128] and is masked when that id is outside [0, P). Per row: logits of every live token
 // (pass 1), an fp32 softmax with the weights normalized before the PV sum, then the PV sum
 // (pass 2); rows with nothing live give zeros, and a q head with a live logit that is not
-// finite gives NaN (SPEC §15.18). The AVX-512 kernels round the normalized weights to bf16
+// finite gives NaN (SPEC §9.2). The AVX-512 kernels round the normalized weights to bf16
 // for the PV dot products (aiter's P, SPEC §7: within the SPEC §10 tolerance); the generic
 // kernels keep them in fp32. Per-worker scratch is sized by the longest row's page slots
 // (its context), not by the page table's width, and is not zero-filled: every element read
@@ -89,7 +89,7 @@ struct RowBuffers {
   }
 };
 
-// The e4m3 query of one (token, q head) and its scale (reference attention_query, §15.9).
+// The e4m3 query of one (token, q head) and its scale (reference attention_query, §7.1).
 void PrepareQuery(const Problem& p, int64_t t, int64_t qh, int64_t g, RowBuffers& rb) {
   float* q8 = rb.q8 + g * kHeadDim;
   if (!p.q_bf16) {
@@ -145,7 +145,7 @@ void PageLogitsGeneric(const Problem& p, const uint8_t* page, int64_t ntok, int6
 }
 
 // Softmax of one head over its live tokens, in place (reference: max, exp, normalize).
-// Returns whether a live logit is not finite (the head's output is then NaN, SPEC §15.18).
+// Returns whether a live logit is not finite (the head's output is then NaN, SPEC §9.2).
 bool SoftmaxGeneric(float* w, const int64_t* ntok, int64_t pages) {
   float m = -std::numeric_limits<float>::infinity();
   bool poisoned = false;
@@ -229,7 +229,7 @@ JAX_MXFP4_AVX512 inline __mmask16 Live(int64_t n) {
 // Softmax of one head over its live tokens (AVX-512): exp(logit - max) in place, then the
 // normalized weights as bf16 into wb (two tokens per dword; 0 past each page's live tokens).
 // The bf16 weights are the aiter kernel's P (SPEC §7); an empty row gives zeros. Returns
-// whether a live logit is not finite (the head's output is then NaN, SPEC §15.18).
+// whether a live logit is not finite (the head's output is then NaN, SPEC §9.2).
 JAX_MXFP4_AVX512 bool SoftmaxAvx512(float* w, const int64_t* ntok, int64_t pages, uint32_t* wb) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
@@ -313,7 +313,7 @@ void StoreHead(const Problem& p, const float* out, int64_t t, int64_t qh, const 
     }
     const int e = static_cast<int>((amax_bits >> 23) & 0xFFu);
     const int m7 = static_cast<int>((amax_bits >> 16) & 0x7Fu);
-    // An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §15.13).
+    // An Inf or NaN in the block: scale byte 255 and every value NaN (SPEC §1.9).
     const bool non_finite = e == 0xFF;
     const int sb = non_finite ? static_cast<int>(kE8m0Nan)
                               : std::clamp(e - 8 + (m7 > 96 ? 1 : 0), 0, 254);

@@ -1,5 +1,5 @@
 // jax_mxfp4_write_cache: quantize bf16 token rows to MXFP4 and store them into pool pages
-// (SPEC §3, §1.4, §15.1, §15.6; reference/write_cache.py, formats.quantize_mxfp4).
+// (SPEC §3, §1.4, §2.3; reference/write_cache.py, formats.quantize_mxfp4).
 //
 //   operands: pool u8[P, H, 8704], x bf16[T, H, 128], slots s32[T]
 //             (or the one-head index cache: pool u8[P, 8704] with x bf16[T, 128])

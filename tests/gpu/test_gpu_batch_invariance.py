@@ -1,4 +1,4 @@
-"""Same bits whatever the batch (SPEC §15.15) on the GPU's kernels: each operation on a batch
+"""Same bits whatever the batch (SPEC §9.1) on the GPU's kernels: each operation on a batch
 of rows and on subsets of it (first row, first 8, first 32, shuffled), shared rows bit-equal
 (the checks: ``tests/batch_invariance.py``). The split-K plan of attention follows the page
 table only (``plans.attention_splits`` at ``plans.TRITON_PAGES_PER_SPLIT``) and its warp

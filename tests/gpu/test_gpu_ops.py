@@ -348,7 +348,7 @@ def test_mxfp8_epilogue_is_quantize_of_the_bf16_output(rng, rows):
 @pytest.mark.parametrize("rows,pages", [(1, 16), (300, 2), (300, 1)],
                          ids=["split", "split-2-pages", "direct"])
 def test_mxfp8_epilogue_non_finite_blocks(rng, rows, pages):
-    """SPEC §15.13: an output block holding Inf or NaN (a NaN or infinite V token) gets scale
+    """SPEC §1.9: an output block holding Inf or NaN (a NaN or infinite V token) gets scale
     byte 255 and NaN values, through the split-K merge and the direct store (a page table 1
     page wide). Rows ``t % 4 == 2`` get no non-finite V (``non_finite_v``)."""
     case = attention_case(rng, rng.integers(1, pages * 128 + 1, (rows, 1)), group=16,

@@ -1,4 +1,4 @@
-"""The rules every backend keeps (SPEC §6, §15.6, §15.14, §15.16, §15.18), on the GPU: the
+"""The rules every backend keeps (SPEC §6, §2.3, §3.1, §2.4, §9.2), on the GPU: the
 Triton kernels and the reference lowering agree bit for bit where SPEC says bit for bit, and
 the reference lowering is deterministic there too.
 
@@ -79,7 +79,7 @@ def test_select_blocks_forced_blocks_cannot_be_outranked(rng, poison, params):
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 def test_int64_metadata_on_the_gpu(rng, backend):
-    """SPEC §15.16 in the graph on the GPU: traced int64 slots outside int32 are skipped."""
+    """SPEC §2.4 in the graph on the GPU: traced int64 slots outside int32 are skipped."""
     pool = random_pages(rng, (4,))
     x = oracle.to_bf16(rng.standard_normal((3, 128)))
     with jax.enable_x64(True):
@@ -99,7 +99,7 @@ def assert_classes(got, want):
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 @pytest.mark.parametrize("shape", ["decode", "decode1", "prefill"])
 def test_index_scores_nonfinite(rng, shape, q_round):
-    """SPEC §15.18 in every tiling: a live NaN key scale, a NaN bf16 query element (through
+    """SPEC §9.2 in every tiling: a live NaN key scale, a NaN bf16 query element (through
     the in-kernel e4m3 rounding, which must keep it NaN), an infinite one (NaN with
     ``q_round="none"``, 448 with e4m3), keys at byte 254 (an overflow, NaN whatever the
     summation order): classes equal to the oracle and to the reference lowering; the rest
@@ -133,7 +133,7 @@ def test_index_scores_nonfinite(rng, shape, q_round):
 @pytest.mark.parametrize("rows", [1, 600], ids=["split", "direct"])
 @pytest.mark.parametrize("output", ["bf16", "mxfp8"])
 def test_sparse_attention_nonfinite(rng, rows, output):
-    """SPEC §15.18 through the split-K merge (1 row: several splits) and the direct path: a
+    """SPEC §9.2 through the split-K merge (1 row: several splits) and the direct path: a
     live NaN key scale, NaN / infinite bf16 query elements and an overflowing logit make their
     q heads NaN (whole rows), a live V byte 255 its 32 dims NaN; classes equal to the oracle
     and the reference lowering; the MXFP8 output of NaN rows is quantize_mxfp8 of the bf16."""

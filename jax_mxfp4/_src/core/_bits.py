@@ -2,7 +2,7 @@
 
 XLA's CPU backend runs with flush-to-zero and denormals-are-zero, so ``x * 2**k`` on a subnormal
 ``x`` (or with a subnormal result) silently becomes zero. The codecs promise exact results down to
-the fp32 subnormals (SPEC §15.12), so the few places that meet subnormals build their values from
+the fp32 subnormals (SPEC §1.8), so the few places that meet subnormals build their values from
 integer bit patterns here instead of multiplying.
 """
 

@@ -133,7 +133,7 @@ def unpack_e2m1(packed: jnp.ndarray) -> jnp.ndarray:
 def quantize_mxfp4(
     x: jnp.ndarray, *, round_mode: RoundMode = "up"
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Quantize ``x[..., D]`` (D a multiple of 32) to MXFP4 (SPEC §1.4, §15.10).
+    """Quantize ``x[..., D]`` (D a multiple of 32) to MXFP4 (SPEC §1.4).
 
     ``x`` is rounded to bfloat16 first, whatever its float dtype. Returns
     ``(packed uint8[..., D//2], scales uint8[..., D//32])``.
@@ -169,7 +169,7 @@ def _subnormal_units(significand: jnp.ndarray, shift: jnp.ndarray) -> jnp.ndarra
 
 
 def mxfp4_f32_bits(codes: jnp.ndarray, scale_bytes: jnp.ndarray) -> jnp.ndarray:
-    """fp32 bit patterns of ``e2m1(codes) * 2**(scale_bytes - 127)``, exact (SPEC §1.3, §15.12).
+    """fp32 bit patterns of ``e2m1(codes) * 2**(scale_bytes - 127)``, exact (SPEC §1.3, §1.8).
 
     ``scale_bytes`` broadcasts against ``codes``. Byte 255 gives NaN; results past the fp32
     range give inf; results below the normal range are exact subnormals.
@@ -220,13 +220,13 @@ def dequantize_mxfp4(packed: jnp.ndarray, scales: jnp.ndarray, dtype=jnp.float32
 
 
 def to_e4m3(x: jnp.ndarray) -> jnp.ndarray:
-    """Saturating round-to-nearest-even to float8_e4m3fn: ``RNE(clamp(x, -448, 448))`` (§15.2)."""
+    """Saturating round-to-nearest-even to float8_e4m3fn: ``RNE(clamp(x, -448, 448))`` (§1.5)."""
     x = jnp.asarray(x).astype(jnp.float32)
     return jnp.clip(x, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
 
 
 def mxfp8_scale_byte(amax_bits: jnp.ndarray) -> jnp.ndarray:
-    """e8m0 scale of an MXFP8 block from the fp32 bits of its bf16 amax (SPEC §1.6, §15.13).
+    """e8m0 scale of an MXFP8 block from the fp32 bits of its bf16 amax (SPEC §1.6, §1.9).
 
     ``clamp(E - 8 + (M7 > 96), 0, 254)``, E the exponent field and M7 the 7-bit mantissa;
     equal to ``ceil(log2(amax / 448)) + 127`` for every positive finite bf16 amax. An Inf or
@@ -257,7 +257,7 @@ def quantize_mxfp8(x: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 
 def mxfp8_f32_bits(codes: jnp.ndarray, scale_bytes: jnp.ndarray) -> jnp.ndarray:
-    """fp32 bit patterns of ``e4m3(codes) * 2**(scale_bytes - 127)``, exact (SPEC §15.12).
+    """fp32 bit patterns of ``e4m3(codes) * 2**(scale_bytes - 127)``, exact (SPEC §1.8).
 
     ``codes`` are float8_e4m3fn bytes (uint8); ``scale_bytes`` broadcasts against them. An
     e4m3 value is ``s * 2**n`` with an integer ``s < 16``, so every product is an fp32 normal

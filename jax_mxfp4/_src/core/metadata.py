@@ -1,10 +1,10 @@
-"""Integer metadata arguments and the one rule for values wider than int32 (SPEC §15.16).
+"""Integer metadata arguments and the one rule for values wider than int32 (SPEC §2.4).
 
 Every metadata argument (slots, page ids in block and page tables, positions, requests,
 context lengths, sequence lengths, prefix lengths, ``cu_seqlens_q``) is accepted as int32 or
 int64; anything else is a ``TypeError`` naming the argument. The kernels take int32, so an
 int64 value is range-checked *before* it is narrowed, and one that does not fit int32 takes
-the out-of-range meaning SPEC §15.6 gives its kind instead of wrapping onto another value:
+the out-of-range meaning SPEC §2.3 gives its kind instead of wrapping onto another value:
 
 * an **id** (a slot, a page id, a position, a request) becomes -1: a slot that is not written,
   a page with no live tokens, a padding row, a request outside ``[0, B)``;
@@ -74,7 +74,7 @@ def as_int32(x, name: str, kind: Kind) -> jnp.ndarray:
 
 
 def table_and_rows(block_table, positions, requests) -> tuple[jnp.ndarray, ...]:
-    """The block table and row metadata as int32 (SPEC §15.16: an int64 page id, position or
+    """The block table and row metadata as int32 (SPEC §2.4: an int64 page id, position or
     request outside int32 becomes -1)."""
     return (as_int32(block_table, "block_table", "id"), as_int32(positions, "positions", "id"),
             as_int32(requests, "requests", "id"))

@@ -1,9 +1,9 @@
 """``jm.check_metadata``: find the metadata that the operations silently mask, clip or skip.
 
-The operations never let bad metadata touch memory (SPEC §15.6): a page id outside the pool
+The operations never let bad metadata touch memory (SPEC §2.3): a page id outside the pool
 reads as a page with no live tokens, a context longer than ``num_blocks`` or the page table
 covers is clipped, a slot past the pool is not written, and duplicate slots keep the last row
-(SPEC §15.14). That is the right rule for kernels, and a trap when a model feeds them wrong
+(SPEC §3.1). That is the right rule for kernels, and a trap when a model feeds them wrong
 metadata: nothing fails, the answer is just quietly different. ``check_metadata`` reports each
 such case with its row and value::
 
@@ -52,7 +52,7 @@ def row_problems(num_pages: int | None, block_table, positions, requests,
     """Problems of query rows ``(positions, requests)`` reading ``block_table`` (SPEC §2.2)."""
     table, pos, req = (np.asarray(a).astype(np.int64) for a in (block_table, positions, requests))
     num_requests, width = table.shape
-    live = pos >= 0  # position -1: a padding row (SPEC §15.11)
+    live = pos >= 0  # position -1: a padding row (SPEC §2.5)
     out = []
     bad_req = live & ((req < 0) | (req >= num_requests))
     if bad_req.any():
@@ -88,7 +88,7 @@ def row_problems(num_pages: int | None, block_table, positions, requests,
 
 
 def slot_problems(num_pages: int, slots) -> list[str]:
-    """Problems of the slots of one ``write_cache`` (SPEC §15.6, §15.14)."""
+    """Problems of the slots of one ``write_cache`` (SPEC §2.3, §3.1)."""
     slots = np.asarray(slots).astype(np.int64)
     out = []
     past = slots >= num_pages * PAGE_TOKENS
@@ -111,7 +111,7 @@ def slot_problems(num_pages: int, slots) -> list[str]:
 
 
 def attention_problems(num_pages: int | None, page_table, context_lens) -> list[str]:
-    """Problems of a sparse-attention page table (SPEC §7, §15.6)."""
+    """Problems of a sparse-attention page table (SPEC §7, §2.3)."""
     table, ctx = np.asarray(page_table).astype(np.int64), np.asarray(context_lens).astype(np.int64)
     covered = table.shape[-1] * PAGE_TOKENS
     out = []

@@ -33,7 +33,7 @@ def new_pool(num_pages: int, num_heads: int | None = None) -> jnp.ndarray:
 def last_writer_slots(slots: jnp.ndarray) -> jnp.ndarray:
     """``slots`` (int32 ``[T]``) with every row that a later row overwrites set to -1.
 
-    Writing the rows in any order then keeps the last writer of each slot (SPEC §15.14), which
+    Writing the rows in any order then keeps the last writer of each slot (SPEC §3.1), which
     is what makes a scatter deterministic where conflicting updates land in any order (XLA's
     GPU scatter, the GPU kernels' programs). O(T log T): a stable sort puts each slot's rows in
     row order, and the last of each run is kept. Rows already skipped (-1) stay -1.

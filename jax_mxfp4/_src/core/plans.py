@@ -1,7 +1,7 @@
 """Launch plans that more than one backend follows (one function each, so they cannot drift).
 
 Plans come from static shapes only (SPEC §9: grids never depend on device values), and a
-row's arithmetic never depends on them (SPEC §15.15: the same bits whatever the batch).
+row's arithmetic never depends on them (SPEC §9.1: the same bits whatever the batch).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ sizes its partitions."""
 
 TRITON_PAGES_PER_SPLIT = 1
 """The same for the Triton kernels (CUDA, and Triton on other GPUs): one page a split, so a
-short call's critical path is one page's arithmetic, not two (bench/RESULTS.md, seventeenth
-session). A backend's bits need be the same whatever the batch, not the same as another
-backend's, so the two constants may differ; each is one number, never a function of the
-grid."""
+short call's critical path is one page's arithmetic, not two (bench/history/2026-12-03.md,
+seventeenth session, "What landed"). A backend's bits need be the same whatever the batch, not
+the same as another backend's, so the two constants may differ; each is one number, never a
+function of the grid."""
 
 
 def attention_splits(pages_per_row: int, pages_per_split: int) -> int:

@@ -1,7 +1,7 @@
 """Query-row metadata: each row has an absolute position (-1 = padding) and a request.
 
 Every operation takes rows in this one form, so prefill (ragged chunks) and decode (S tokens
-per request) share the same kernels (SPEC §2.2, §15.11). ``slot_mapping`` turns rows into the
+per request) share the same kernels (SPEC §2.2, §2.5). ``slot_mapping`` turns rows into the
 cache slots their keys are written to.
 """
 
@@ -17,7 +17,7 @@ MAX_SLOT_PAGE = INT32_MAX // PAGE_TOKENS
 
 
 def _vector(x, name: str, kind: Kind) -> jnp.ndarray:
-    """``x`` as an int32 vector (int32 or int64 accepted, SPEC §15.16)."""
+    """``x`` as an int32 vector (int32 or int64 accepted, SPEC §2.4)."""
     x = as_int32(x, name, kind)
     if x.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array, got shape {list(x.shape)}")
@@ -37,7 +37,7 @@ def prefill_rows(cu_seqlens_q, prefix_lens, num_rows: int) -> tuple[jnp.ndarray,
       ``prefix_lens[b] + r``; rows past the last request (every row when ``B = 0``) have
       position -1 and request 0. A row whose position would not fit int32, or whose request
       starts at a negative row or after it, or has a negative prefix, gets position -1 (never
-      a wrapped value). Lengths wider than int32 saturate first (SPEC §15.16).
+      a wrapped value). Lengths wider than int32 saturate first (SPEC §2.4).
     """
     cu = _vector(cu_seqlens_q, "cu_seqlens_q", "length")
     prefix = _vector(prefix_lens, "prefix_lens", "length")
@@ -71,7 +71,7 @@ def decode_rows(seq_lens, tokens_per_request: int) -> tuple[jnp.ndarray, jnp.nda
 
     Args:
       seq_lens: int32 | int64 ``[B]``, cached tokens per request including this step's
-        tokens (an int64 length past int32 saturates: SPEC §15.16).
+        tokens (an int64 length past int32 saturates: SPEC §2.4).
       tokens_per_request: static ``S`` (1, or 1 + speculative tokens).
     Returns:
       ``(positions int32[B*S], requests int32[B*S])`` with position ``seq_lens[b] - S + s``,
@@ -100,7 +100,7 @@ def slot_mapping(block_table, positions, requests) -> jnp.ndarray:
       written) for padding rows (position < 0), requests outside ``[0, B)``, blocks past the
       table's width, negative pages and pages past ``MAX_SLOT_PAGE`` (whose slots do not fit
       int32), so that a bad row never lands in another row's page. int64 values outside
-      int32 are out of range (SPEC §15.16).
+      int32 are out of range (SPEC §2.4).
     """
     table = as_int32(block_table, "block_table", "id")
     if table.ndim != 2:

@@ -3,7 +3,7 @@
 * the scorers' folded scale ``fp32(sm_scale * 1.4426950409)`` with the truncated log2(e)
   literal of the kernels this project ports (SPEC §0, §4);
 * the floor of the per-row bf16 query normalization, ``q_scale = max(amax / 448, FLT_MIN)``
-  (SPEC §15.9).
+  (SPEC §7.1).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 LOG2E_LITERAL = 1.4426950409
 """The truncated log2(e) the scorers fold into their scale (SPEC §0)."""
 FLT_MIN = float(np.finfo(np.float32).tiny)
-"""Smallest normal fp32: the floor of a bf16 query row's normalization scale (SPEC §15.9)."""
+"""Smallest normal fp32: the floor of a bf16 query row's normalization scale (SPEC §7.1)."""
 
 
 def folded_score_scale(sm_scale: float) -> np.float32:

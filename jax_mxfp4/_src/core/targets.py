@@ -23,7 +23,7 @@ DEFAULT_ARCH = {CUDA: "90", ROCM: "gfx942"}
 """Arch assumed when a device does not report one."""
 DEFAULT_UNITS = {CUDA: 132, ROCM: 256}
 """SMs (H200) / CUs (MI355X) assumed when a device does not report its count. Launch plans
-use the count only to size grids; results never depend on it (docs/spec.md §15.15)."""
+use the count only to size grids; results never depend on it (docs/spec.md §9.1)."""
 WARP_SIZE = {CUDA: 32, ROCM: 64}
 
 

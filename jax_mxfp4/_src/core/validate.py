@@ -102,7 +102,7 @@ def positive_int(value, name: str, minimum: int = 1) -> int:
 
 
 def scale(value, name: str = "sm_scale") -> float:
-    """A static softmax scale whose fp32 value is finite, positive and normal (SPEC §15.20)."""
+    """A static softmax scale whose fp32 value is finite, positive and normal (SPEC §9.3)."""
     static(value, name)
     try:
         f = float(value)
@@ -112,10 +112,10 @@ def scale(value, name: str = "sm_scale") -> float:
         f32 = np.float32(f)
     if not (math.isfinite(f) and np.isfinite(f32) and f32 > 0):
         raise ValueError(f"{name} must be finite and positive in fp32, got {value!r}")
-    if f32 < FLT_MIN:  # SPEC §15.20: XLA's CPU flushes a subnormal scale to zero
+    if f32 < FLT_MIN:  # SPEC §9.3: XLA's CPU flushes a subnormal scale to zero
         raise ValueError(
             f"{name} must be a normal fp32, at least {FLT_MIN!r} (the smallest normal), got "
-            f"{value!r}, which is subnormal in fp32 (SPEC §15.20)"
+            f"{value!r}, which is subnormal in fp32 (SPEC §9.3)"
         )
     return f
 

@@ -10,7 +10,7 @@ request id and a cache slot mean the same thing sharded or not, so a sharded pro
 exactly what the single-device program does. When the dim an id points into (pages, requests)
 is sharded, each shard holds a contiguous range of it and sees the ids shifted into its range;
 an id that another shard holds lands outside the range and is read as nothing / not written
-(SPEC §15.6). A row must therefore live on the shard that holds the requests and pages it
+(SPEC §2.3). A row must therefore live on the shard that holds the requests and pages it
 reads: the caller's contract (a data-parallel page allocator gives each shard its own pages;
 a ``vmap``-ped problem axis gives it by construction, see ``batching.offset_ids``).
 

@@ -381,7 +381,7 @@ def lane_read_f32(x, src_lane):
 def nan_scale_tokens(scale, c) -> list:
     """For the 16x16 MFMA tile whose A operand lane (g, i) holds token i's scale byte of
     group g (``scale``, i32): whether each of the four tokens ``4g + v`` (v = 0..3) whose
-    accumulator rows this lane holds has a scale byte 255 (NaN keys, SPEC §15.18) in any of
+    accumulator rows this lane holds has a scale byte 255 (NaN keys, SPEC §9.2) in any of
     its four groups, as i1. Cross-lane: OR over the lane groups, then a read of lane
     ``4g + v``."""
     flag = select(eq(scale, ci32(255)), cf32(1.0), cf32(0.0))

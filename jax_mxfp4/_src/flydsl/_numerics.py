@@ -2,7 +2,7 @@
 
 Every helper emits gfx950 instructions whose rounding is the SPEC's: ``v_cvt_pk_fp8_f32``
 rounds to nearest even (MODE register default) and saturation is an explicit clamp to ±448
-first (SPEC §15.2) that keeps NaN (§15.18); bf16 values widen to fp32 exactly by a 16-bit
+first (SPEC §1.5) that keeps NaN (§9.2); bf16 values widen to fp32 exactly by a 16-bit
 shift; e2m1 codes widen with ``v_cvt_scalef32_pk_f32_fp4`` at scale 1.0 (exact) and are scaled
 by an exact fp32 power of two.
 """
@@ -19,7 +19,7 @@ E4M3_NAN_WORD = 0x7F7F7F7F
 
 
 def clamp_e4m3(x):
-    """``clamp(x, -448, 448)`` in fp32; NaN stays NaN (SPEC §15.18: ``fmax`` would turn it
+    """``clamp(x, -448, 448)`` in fp32; NaN stays NaN (SPEC §9.2: ``fmax`` would turn it
     into -448)."""
     return ir.fmin_nan(ir.fmax_nan(x, ir.cf32(-E4M3_MAX)), ir.cf32(E4M3_MAX))
 
@@ -85,7 +85,7 @@ def e2m1_word_to_f32(word) -> list:
 
 def mxfp8_scale_byte(amax_bits):
     """SPEC §1.6: ``clamp(E - 8 + (M7 > 96), 0, 254)`` from the fp32 bits of a bf16 amax;
-    255 where the amax is Inf or NaN (SPEC §15.13)."""
+    255 where the amax is Inf or NaN (SPEC §1.9)."""
     exp_field = ir.band(ir.lshr(amax_bits, ir.ci32(23)), ir.ci32(0xFF))
     mant7 = ir.band(ir.lshr(amax_bits, ir.ci32(16)), ir.ci32(0x7F))
     byte = ir.add(ir.sub(exp_field, ir.ci32(8)), arith.extui(ir.i32(), ir.gt(mant7, ir.ci32(96))))
@@ -98,7 +98,7 @@ def mxfp8_block(values_bf16_f32) -> tuple:
 
     ``values * 2**(127 - sb)`` is an exact power-of-two scaling (``sb <= 247`` for finite bf16,
     so the factor is a normal fp32) and the e4m3 rounding is saturating nearest-even. A block
-    holding Inf or NaN gets byte 255 and every value the e4m3 NaN (SPEC §15.13).
+    holding Inf or NaN gets byte 255 and every value the e4m3 NaN (SPEC §1.9).
     """
     amax = ir.ci32(0)
     for v in values_bf16_f32:

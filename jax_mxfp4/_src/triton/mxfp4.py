@@ -411,7 +411,7 @@ def page_logits(q0, q1, q2, q3, codes, scales, PTX: tl.constexpr):
 
     Returns ``(dots f32 [M, 128], exponent int32 [128])`` with the true ``q . k`` equal to
     ``dots * 2**exponent`` (:func:`key_exponent` of the token's max scale byte); NaN for a
-    token with a scale byte 255 (its keys are NaN, SPEC §1.3, §15.18).
+    token with a scale byte 255 (its keys are NaN, SPEC §1.3, §9.2).
     """
     b0, b1, b2, b3 = split_groups(codes)
     return key_logits(q0, q1, q2, q3, b0, b1, b2, b3, scales, PTX)
@@ -453,7 +453,7 @@ def folded_page_logits(q, codes, scale_words, live):
     Returns ``(dots f32 [M, 128], exponent int32, first_nan int32)`` with ``q . k = dots *
     2**exponent`` for every live token, so a row's maximum can be taken first and scaled once.
     ``first_nan`` is the page index of the first token with a scale byte 255 (NaN keys: SPEC
-    §1.3, §15.18; ``2**30`` where there is none); the dots of such tokens are finite (their
+    §1.3, §9.2; ``2**30`` where there is none); the dots of such tokens are finite (their
     groups at byte 255 fold to zeros), so the caller makes NaN the rows that see one, once per
     row instead of a NaN per element. The page's reference byte, its deepest group and its
     first NaN-key token come from one reduction across the tile.
@@ -509,7 +509,7 @@ def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
     (even) and the high-nibble (odd) elements: two ``DTYPE [128, 64]`` (bf16 or fp32: exact),
     so each stays contiguous in registers and goes to shared memory (the PV dot's operand) in
     16-byte stores. A group with scale byte 255 is NaN, elements past the fp32 range are
-    +-inf (SPEC §15.18); tokens where ``live`` (bool [128]) is false are zeros (so garbage,
+    +-inf (SPEC §9.2); tokens where ``live`` (bool [128]) is false are zeros (so garbage,
     NaN scales included, cannot leak). bf16 where inline PTX runs (``PTX``) is decoded
     straight from the bytes (:func:`scaled_nibbles_bf16`): no fp32 tile of the page is ever
     held."""
@@ -541,8 +541,8 @@ def quotient_rn(x, d, inv):
 
 @triton.jit
 def round_e4m3(x, SATURATES: tl.constexpr = False):
-    """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §15.2). NaN stays NaN
-    (SPEC §15.18). ``SATURATES``: the conversion saturates by itself, which is so wherever
+    """Saturating round-to-nearest-even of fp32 ``x`` to e4m3 (SPEC §1.5). NaN stays NaN
+    (SPEC §9.2). ``SATURATES``: the conversion saturates by itself, which is so wherever
     inline PTX runs (``PTX``): Triton has e4m3 on CUDA only from sm_89, where it converts with
     ``cvt.rn.satfinite`` (+-448 past the range, NaN kept), so no clamp is needed. Elsewhere
     (the interpreter, ROCm) the clamp comes first, and propagates NaN (PTX's plain ``max``

@@ -1,10 +1,10 @@
-"""FlyDSL kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §5, §15).
+"""FlyDSL kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §4.1, §5, §9.2).
 
 ``out[h, t, j] = fp32(max over live tokens k of Qe[t, h] . K[page(t, j), k]) * score_scale``
 with ``-inf`` where no token is live. One scaled MFMA per 16 tokens:
 ``v_mfma_scale_f32_16x16x128_f8f6f4`` with **K as the fp4 A operand** (cbsz 4) and its e8m0
 byte as the A scale, **Q as the e4m3 B operand** (blgp 0) with B scale 127 (1.0). A bf16 Q is
-rounded to e4m3 in-kernel (saturating nearest-even, SPEC §15.2/15.4).
+rounded to e4m3 in-kernel (saturating nearest-even, SPEC §1.5, §5.1).
 
 Work split (4 waves of 64 lanes per workgroup):
 
@@ -20,7 +20,7 @@ Work split (4 waves of 64 lanes per workgroup):
 * the causal mask is ``j*128 + k <= position``; pages past every row's reach are not loaded;
   a page id outside ``[0, P)``, a padding row or a request outside ``[0, B)`` scores ``-inf``;
   a live token whose logit is not finite (a scale byte 255 in any of its groups, a NaN query
-  element, an overflow) makes the score NaN (SPEC §15.18);
+  element, an overflow) makes the score NaN (SPEC §9.2);
 * per column the 4 block maxima are reduced across the 4 lane groups and stored merged: the
   4 lanes of a column write 4 consecutive floats (16 contiguous bytes of the output row).
 
@@ -198,7 +198,7 @@ def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
 def _score_block(lds, c: ir.LaneContext, b_operand, owned, page_ok, j):
     """Max over the page's live tokens of this lane's column, reduced over the lane groups;
     NaN when a live token's logit is not finite (a NaN key scale, a NaN query, an overflow:
-    SPEC §15.18), tracked explicitly (``fmax`` drops NaN)."""
+    SPEC §9.2), tracked explicitly (``fmax`` drops NaN)."""
     slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
     best = ir.cf32(ir.NEG_INF)
     poisoned = ir.cf32(0.0)

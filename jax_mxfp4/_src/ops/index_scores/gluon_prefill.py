@@ -2,18 +2,20 @@
 (``wgmma``) whose operands sit in shared memory.
 
 Why: the Triton prefill tile (128 dot rows, folded keys) needs 246 registers a thread, so one
-program runs per SM and every step of a block (decode, dot, the rows' maxima) waits on the
-one before: its tensor cores idle most of the time (RESULTS, fifth session). Here a program
-is two warpgroups with 128 dot rows (64 each): the query tile and each page's folded keys
-live in shared memory (``NVMMASharedLayout``), the accumulator ``f32 [128, 128]`` (64
-registers a thread) is the only large register tile, and two programs fit on an SM, so one
-program's dots run while the other decodes its next page or takes its rows' maxima. The
-page's keys are decoded once for 128 rows by all eight warps: the decode, the integer work
-that bounds this tile (its ALU pipe is the busiest), costs half as much a row as with one
-warpgroup of 64 rows (RESULTS, thirteenth session).
+program runs per SM and every step of a block (decode, dot, the rows' maxima) waits on the one
+before: its tensor cores idle most of the time (bench/history/2026-12-01.md, fifth session,
+"Where a prefill block's time went": 246 registers, issue slots 34 % busy, one resident program
+per SM). Here a program is two warpgroups with 128 dot rows (64 each): the query tile and each
+page's folded keys live in shared memory (``NVMMASharedLayout``), the accumulator
+``f32 [128, 128]`` (64 registers a thread) is the only large register tile, and two programs fit
+on an SM, so one program's dots run while the other decodes its next page or takes its rows'
+maxima. The page's keys are decoded once for 128 rows by all eight warps: the decode, the
+integer work that bounds this tile (its ALU pipe is the busiest), costs half as much a row as
+with one warpgroup of 64 rows (bench/history/2026-12-02.md, thirteenth session, "128 rows
+(landed)").
 
-Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §5, §15.3,
-§15.18; ``index_scores_triton.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's
+Scores are those of the Triton tile's folded-key walk, step for step (SPEC §4, §4.1, §5,
+§9.2; ``index_scores_triton.folded_row_maxima``, ``mxfp4.folded_page_logits``): the page's
 reference byte is the largest scale byte of the tokens any row reaches (NaN-key tokens set
 none); each group ``depth`` binades below it enters the dot as ``e2m1 * 2**(9 - depth)`` in
 fp16 (exact for depths 0..31), deeper groups in further bands of 32 binades, deepest first, the
@@ -232,7 +234,8 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
     # Tiles in reverse launch order: in a causal prompt the last tiles reach the most
     # blocks, so each block range's programs for them start first and the first tiles'
     # (empty: past their rows' reach) programs last, instead of taking SM slots that later
-    # working programs wait for (RESULTS, sixteenth session).
+    # working programs wait for (bench/history/2026-12-03.md, sixteenth session, "What was
+    # wrong": b1 q4096 ctx 8K 27.9 -> 25.5 us).
     first_row = (gl.num_programs(0) - 1 - gl.program_id(0)) * ROWS
     row, head, row_ok, pos, req, live = tile_rows(gl.arange(0, DOT_ROWS, layout=ROW_SLICE),
                                                   first_row, pos_ptr, req_ptr, T, B, H, ROWS)

@@ -15,7 +15,7 @@ page in flight while it scores one, and keeps each warp's row maxima of every bl
 memory (:func:`_warp_maxima`), taking the maximum across the warps once for all the blocks
 (:func:`_store_slots`) instead of once, with its barriers, per block.
 
-Scores are those of the group-dot tilings (SPEC §4, §5, §15.3, §15.18): per scale group two
+Scores are those of the group-dot tilings (SPEC §4, §4.1, §5, §9.2): per scale group two
 ``K = 16`` dots (low, then high nibbles), each group's sum rescaled by ``2**(s_g - top)``
 (``top``: the token's largest byte, capped at 240) and the token's sum by ``2**(top - 113)``;
 NaN for a token with a scale byte 255, an infinite logit made NaN, the maximum over the tokens
@@ -60,7 +60,9 @@ def key_column(v, nib: tl.constexpr):
 
 WARPS = 4
 """Warps per program: warp ``w`` holds tokens ``16w .. 16w + 15`` and ``64 + 16w ..`` of a
-page (the M tiles of its two MMAs per K step). Eight warps measured slower (RESULTS)."""
+page (the M tiles of its two MMAs per K step). Eight warps measured slower (53.0 against 41.6
+us at b8 S4 128K: bench/history/2026-12-01.md, sixth session, "Decode tiles with the page's
+tokens as the MMA's M")."""
 
 TILE_WARPS = gl.constexpr(WARPS)
 MAX_DOT_ROWS = gl.constexpr(8)

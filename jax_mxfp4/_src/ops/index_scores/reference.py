@@ -8,8 +8,8 @@ absolute position and request. Per index head ``h``, row ``t`` and block ``j``::
 
 with ``page(t, j) = block_table[requests[t], j]``, token ``k`` live iff ``j*128 + k <=
 positions[t]``, and ``-inf`` where no token is live (past the row's reach, padding rows, pages
-outside the pool: SPEC §15.3, §15.6); NaN where a live token's logit is not finite (SPEC
-§15.18).
+outside the pool: SPEC §4.1, §2.3); NaN where a live token's logit is not finite (SPEC
+§9.2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _DENSE_REQUEST_HEADS = 16
 
 def scoring_query(q: jnp.ndarray, q_round: str) -> jnp.ndarray:
     """The fp32 query a scorer multiplies: bf16 rounded to e4m3 (``q_round="e4m3"``) or kept
-    (``"none"``); an e4m3 query as stored (SPEC §4, §15.4)."""
+    (``"none"``); an e4m3 query as stored (SPEC §4, §5.1)."""
     if q.dtype == jnp.bfloat16 and q_round == "e4m3":
         return widen_rounded(formats.to_e4m3(q))
     return widen_rounded(q)
@@ -67,7 +67,7 @@ def _block_maxima_dense(qe, keys, exponent, requests, live):
 
 def _live_max(logits, live) -> jnp.ndarray:
     """Max over the live tokens (``live [T, 128]``) of ``logits f32[T, H, 128]`` -> ``[T, H]``:
-    ``-inf`` with none, NaN where a live logit is not finite (SPEC §15.18: a NaN key or query,
+    ``-inf`` with none, NaN where a live logit is not finite (SPEC §9.2: a NaN key or query,
     or an fp32 overflow, whatever the summation order made of it)."""
     seen = live[:, None, :]
     best = jnp.max(jnp.where(seen, logits, -jnp.inf), axis=-1)
@@ -98,12 +98,12 @@ def index_scores(
       q_round: ``"e4m3"`` rounds a bf16 query to e4m3 first, ``"none"`` keeps it.
     """
     q, index_pool = jnp.asarray(q), jnp.asarray(index_pool)
-    block_table = as_int32(block_table, "block_table", "id")  # SPEC §15.16
+    block_table = as_int32(block_table, "block_table", "id")  # SPEC §2.4
     positions = as_int32(positions, "positions", "id")
     requests = as_int32(requests, "requests", "id")
     num_rows = q.shape[0]
     num_requests, num_pages = block_table.shape[0], index_pool.shape[0]
-    validate.score_scale(sm_scale)  # SPEC §15.20: a normal fp32, as the public API demands
+    validate.score_scale(sm_scale)  # SPEC §9.3: a normal fp32, as the public API demands
     score_scale = folded_score_scale(sm_scale)
     qe = scoring_query(q, q_round)
     row_ok = row_is_live(positions, requests, num_requests)

@@ -1,4 +1,4 @@
-"""The ``index_scores`` lowering on GPUs (SPEC §4, §5, §15.3): the tiling, and which kernel
+"""The ``index_scores`` lowering on GPUs (SPEC §4, §4.1, §5): the tiling, and which kernel
 takes a call.
 
 The tiling (decode-shaped: few rows per request, one block per program, group dots, a single
@@ -48,22 +48,23 @@ class Plan:
 
 DECODE_TILE_REGISTERS = 96
 """Registers per thread of a decode-shaped tensor-core tile (16 dot rows, 4 warps) at most:
-five programs per SM instead of the four its 118 allow (16 bytes spilled). RESULTS, sixth
-session: 65.5 against 68.8 us at b8 S4 128K, 65.8 against 69.3 at b32 S8 32K; a cap of 80
-(six programs, 48 bytes spilled) gained less."""
+five programs per SM instead of the four its 118 allow (16 bytes spilled). Measured in
+bench/history/2026-12-01.md, sixth session, "Registers per thread, capped": 65.5 against 68.8
+us at b8 S4 128K, 65.8 against 69.3 at b32 S8 32K; a cap of 80 (six programs, 48 bytes
+spilled) gained less (118 registers uncapped: commit ``a18cc00``, which set the cap)."""
 
 
 ONE_ROW_PAIRS = (12, 70)
-"""One-row tiles take two blocks per program (the second block's words loaded while the
-first is scored) where the grid has from ``ONE_ROW_PAIRS[0]`` up to (not including)
-``ONE_ROW_PAIRS[1]`` blocks per SM, one block elsewhere; every one-row program is one warp.
-Measured on the H200 over 8K-512K contexts and 1-128 requests (bench/RESULTS.md,
-twenty-third session): one-block programs lose a step of time with every few hundred more
-programs until the grid is large enough for its waves to overlap; below the range a
+"""One-row tiles take two blocks per program (the second block's words loaded while the first is
+scored) where the grid has from ``ONE_ROW_PAIRS[0]`` up to (not including) ``ONE_ROW_PAIRS[1]``
+blocks per SM, one block elsewhere; every one-row program is one warp. Measured on the H200 over
+8K-512K contexts and 1-128 requests (bench/history/2026-12-04.md, twenty-third session, "The
+one-row (S = 1) plan, re-measured"): one-block programs lose a step of time with every few
+hundred more programs until the grid is large enough for its waves to overlap; below the range a
 program's second block is serial time; two warps a program were slower everywhere. A row's
 scores do not depend on the choice: each thread holds the same four words of a token's scale
-group and the same four groups of a token whatever the blocks per program, so every sum runs
-in the same order (``tests/gpu``'s batch invariance checks it across both ends)."""
+group and the same four groups of a token whatever the blocks per program, so every sum runs in
+the same order (``tests/gpu``'s batch invariance checks it across both ends)."""
 
 
 def one_row_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
@@ -74,8 +75,9 @@ def one_row_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
 
 TILE_BLOCKS_MAX = 8
 """Blocks per program of a prefill-shaped tile at most: its query tile is loaded once for
-them, and its walk keeps the next block's page in flight (RESULTS, fifth session: 8 against
-4 measured 1.04-1.11x faster over the prefill cells, 16 no better than 8 except on the
+them, and its walk keeps the next block's page in flight (bench/history/2026-12-01.md, fifth
+session, "Prefill tiles: the next block's page in flight", the cap table: 8 against 4
+measured 1.04-1.11x faster over the prefill cells, 16 no better than 8 except on the
 32768-row chunks)."""
 
 
@@ -106,7 +108,8 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     tiles of 2 to 8 dot rows take ``index_rows_gluon`` by default instead: :func:`_rows_tile`,
     with :func:`rows_tile_blocks` blocks per program; on sm_90, prefill tiles of fp16 dots
     take ``index_prefill_gluon``: :func:`_prefill_tile`, :func:`prefill_tile_blocks`.)
-    The measurements behind each choice: bench/RESULTS.md ("What each change bought").
+    The measurements behind each choice: the docstrings of the constants below, each citing
+    the session of bench/history/ that measured it.
     """
     per_request = max(1, num_rows // max(1, num_requests))
     rows = min(triton.next_power_of_2(per_request), max(1, 128 // num_heads))
@@ -190,27 +193,29 @@ in local memory and loads them back once a block, after the block's dots, and it
 across requests also its 64-bit block counter and page address (``tests/test_gpu_compile.py``
 holds it to that); 168 registers, spill-free, leave one program per SM. Keeping the blocks'
 maxima in shared memory instead, stored after the walk (no spill in a request's walk),
-measured 1.03-1.13x slower (RESULTS, thirteenth session). (With one warpgroup of 64 rows,
-three programs at 168 registers were 1.08-1.16x faster than four at 128 with 88 bytes
-spilled inside the walk: twelfth session.)"""
+measured 1.03-1.13x slower (bench/history/2026-12-02.md, thirteenth session, "Maxima in
+shared-memory slots"). (With one warpgroup of 64 rows, three programs at 168 registers were
+1.08-1.16x faster than four at 128 with 88 bytes spilled inside the walk: same file, twelfth
+session, "The prefill tile in Gluon".)"""
 
 
 PREFILL_GRID_PROGRAMS_PER_SM = 2
 """Programs per SM the prefill tile's grid keeps at least where each tile holds one
-request's rows: one wave of the two resident programs, fewer blocks per program only on
-small grids. A program's start (its dependent metadata, page-id and page loads, its query
-tile) costs more than a block, so a longer walk in one wave beats shorter ones in two
-(RESULTS, fifteenth session: b1 q4096 ctx 8K 28.6 us against 31.8 with 4 and 32.1 with 3;
-b4 q512 ctx 8K 20.4 against 22.7 with 4, though 19.3 with 3; the large cells, 8 blocks
-either way, unchanged). Those timings predate the prefill tile's reversed launch order
-(sixteenth session), so part of what they charged to a program's start was working programs
-waiting behind empty ones; the choice was not timed again since."""
+request's rows: one wave of the two resident programs, fewer blocks per program only on small
+grids. A program's start (its dependent metadata, page-id and page loads, its query tile) costs
+more than a block, so a longer walk in one wave beats shorter ones in two
+(bench/history/2026-12-03.md, fifteenth session, "The grid, once a block got cheaper": b1 q4096
+ctx 8K 28.6 us against 31.8 with 4 and 32.1 with 3; b4 q512 ctx 8K 20.4 against 22.7 with 4,
+though 19.3 with 3; the large cells, 8 blocks either way, unchanged). Those timings predate the
+prefill tile's reversed launch order (same file, sixteenth session), so part of what they
+charged to a program's start was working programs waiting behind empty ones; the choice was not
+timed again since."""
 
 PREFILL_GRID_PROGRAMS_PER_SM_ACROSS = 4
 """The same where tiles hold rows of several requests (``T // B`` not a multiple of the
 tile's rows): their walk loads each request's page when it scores it, with nothing in
-flight, so shorter walks in more waves are faster (RESULTS, fifteenth session: b32 q96 ctx
-8K 1.2x slower at 2 than at 4)."""
+flight, so shorter walks in more waves are faster (bench/history/2026-12-03.md, fifteenth
+session, "The grid, once a block got cheaper": b32 q96 ctx 8K 1.2x slower at 2 than at 4)."""
 
 
 def prefill_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int,
@@ -246,13 +251,15 @@ def _prefill_tile_launch(call, layout: Plan, num_blocks: int, scalars: dict, con
 
 ROWS_TILE_BLOCKS_MAX = 8
 """Blocks per ``index_rows_kernel`` program at most (its query loaded once for them, the next
-page in flight): RESULTS, sixth session, 1 / 2 / 4 / 8 / 16 blocks at b8 S4 128K 58.2 / 53.0 /
-50.4 / 41.6 / 40.9 us (8 and 16 with the page in flight)."""
+page in flight): bench/history/2026-12-01.md, sixth session, "Decode tiles with the page's
+tokens as the MMA's M", 1 / 2 / 4 / 8 / 16 blocks at b8 S4 128K 58.2 / 53.0 / 50.4 / 41.6 /
+40.9 us (8 and 16 with the page in flight)."""
 
 
 ROWS_TILE_REGISTERS = 96
 """Registers per thread of an ``index_rows_kernel`` program at most: five programs per SM
-instead of the four its 108 allow, with nothing spilled (RESULTS, eleventh session)."""
+instead of the four its 108 allow, with nothing spilled (bench/history/2026-12-02.md,
+eleventh session, ``rows-defer96``)."""
 
 
 def rows_tile_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:

@@ -1,4 +1,4 @@
-"""Triton kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §5, §15.3).
+"""Triton kernel: block scores of query rows over the MXFP4 index cache (SPEC §4, §4.1, §5).
 
 One program scores a tile of ``ROWS`` consecutive rows (all ``H`` index heads: ``M = ROWS * H``
 dot rows, padded to 16) against ``BLOCKS`` consecutive 128-token blocks. Per block it loads the
@@ -9,7 +9,7 @@ groups' scales folded in (``mxfp4.folded_page_logits``); a tile of one dot row i
 the CUDA cores (``mxfp4.row_logits``, or exact integer byte dots where its query is
 e4m3-exact: ``row_dot``). Every output element is written: ``-inf`` where a row has no live
 token in the block, NaN where a live token's logit is not finite (a NaN key or query, an
-fp32 overflow: SPEC §15.18). The tiling is ``index_scores.plan``'s; the Gluon index tiles
+fp32 overflow: SPEC §9.2). The tiling is ``index_scores.plan``'s; the Gluon index tiles
 share this module's row and page rules (:func:`tile_rows`, :func:`_block_page`).
 """
 
@@ -106,7 +106,7 @@ def tile_row_ids(m, first_row, T, H: tl.constexpr, ROWS: tl.constexpr):
 @triton.jit
 def row_live(pos, req, B):
     """Whether a row with position ``pos`` and request ``req`` is live: a position >= 0 and a
-    request in ``[0, B)`` (SPEC §15.3)."""
+    request in ``[0, B)`` (SPEC §4.1)."""
     return (pos >= 0) & (req >= 0) & (req < B)
 
 
@@ -115,7 +115,7 @@ def tile_rows(m, first_row, pos_ptr, req_ptr, T, B, H: tl.constexpr, ROWS: tl.co
     """The dot rows ``m`` (int32, any layout: the Gluon tiles call it too) of the tile whose
     first query row is ``first_row``: each one's query row and head, whether it exists, its
     position and request, and whether it is live (a position >= 0, a request in ``[0, B)``;
-    SPEC §15.3). The one rule every index tile applies to its rows' metadata."""
+    SPEC §4.1). The one rule every index tile applies to its rows' metadata."""
     row, head, row_ok = tile_row_ids(m, first_row, T, H, ROWS)
     pos = tl.load(pos_ptr + row, mask=row_ok, other=-1)
     req = tl.load(req_ptr + row, mask=row_ok, other=-1)
@@ -195,7 +195,7 @@ def _max_nan(a, b):
 @triton.jit
 def _poison_infinite(logits):
     """``logits`` with every infinite element made NaN: a logit that is not finite poisons the
-    row that sees it (SPEC §15.18), and a NaN-propagating max then carries it, in the same one
+    row that sees it (SPEC §9.2), and a NaN-propagating max then carries it, in the same one
     reduction that takes the maximum. As ``fma(x, x - x, x)``: ``x`` itself for every finite
     ``x`` (``x - x`` is +0, so ``x * 0 + x`` is ``x``, -0 included), NaN for +-inf and NaN; two
     instructions on the FMA pipe instead of a compare and a select on the busier ALU pipe."""
@@ -215,7 +215,7 @@ def _masked_maxima(logits, sel, pos, tok):
 def _folded_maxima(q, codes, scales, sel, pos, j, reach, low):
     """Max logits of the selected rows over one page with folded keys
     (:func:`mxfp4.folded_page_logits`, then :func:`folded_row_maxima`: what makes a row NaN,
-    SPEC §15.18, is found per row, not per element). ``reach`` and ``low``: the largest and
+    SPEC §9.2, is found per row, not per element). ``reach`` and ``low``: the largest and
     the smallest position of the selected rows (the same for every block of a tile:
     :func:`_row_span`), so the whole-block test of block ``j`` takes no reduction."""
     tok = j * 128 + tl.arange(0, 128)

@@ -120,7 +120,7 @@ def select_blocks(
 
     Returns ``SparseSelection(block_ids int32[H, T, topk], page_table int32[T, H, topk],
     context_lens int32[T, H])``. Index head ``h`` drives kv head ``h``. ``block_table``,
-    ``positions`` and ``requests`` are int32 or int64 (SPEC §15.16).
+    ``positions`` and ``requests`` are int32 or int64 (SPEC §2.4).
     """
     args = (jnp.asarray(scores), *table_and_rows(block_table, positions, requests))
     check_arguments(*args, topk, init_blocks, local_blocks)

@@ -1,6 +1,6 @@
 """Reference ``select_blocks``: top-k blocks per (index head, row) and the sparse page table.
 
-SPEC §6 with the decisions of §15.8 and §15.11. Per index head ``h`` and row ``t`` with
+SPEC §6, with §6.1's page table and §2.5's padding rows. Per index head ``h`` and row ``t`` with
 position ``p``: ``valid = min(p // 128 + 1, NB)`` blocks are candidates. The forced blocks come
 first, by construction rather than by sentinel scores (no score can outrank them): the init
 blocks ``0 .. min(init_blocks, valid) - 1``, then the local blocks (the last ``local_blocks``
@@ -85,7 +85,7 @@ def select_blocks(
       topk, init_blocks, local_blocks: static selection parameters.
     """
     scores = jnp.asarray(scores)
-    block_table = as_int32(block_table, "block_table", "id")  # SPEC §15.16
+    block_table = as_int32(block_table, "block_table", "id")  # SPEC §2.4
     positions = as_int32(positions, "positions", "id")
     requests = as_int32(requests, "requests", "id")
     num_blocks = scores.shape[-1]

@@ -1,5 +1,5 @@
 """Triton kernel: top-k blocks per (index head, row) and the sparse page table (SPEC §6,
-§15.8, §15.11).
+§6.1, §2.5).
 
 One program per ``ROWS`` rows of one head; each row is selected in one pass by a bitonic top-k
 network in registers (``tl.topk``). Every block gets one int64 key, ``rank << 32 | NBP - 1 -
@@ -131,7 +131,8 @@ ROW_WARPS = 8
 """Warps of a program that holds one full-tile row: its latency is the row's (a decode step
 waits for it). Programs of several shorter rows take one warp per 256 keys, at most 4. Both
 were the fastest on the H200, for 4096 rows of 256 blocks and for 32 rows of 1024
-(``bench/gpu_diagnose.py --select-variants``; RESULTS has the table)."""
+(``bench/gpu_diagnose.py --select-variants``; bench/history/2026-12-01.md, third session,
+"Rows per program and warps")."""
 
 
 def plan(num_rows: int, num_blocks: int, topk: int) -> Plan:

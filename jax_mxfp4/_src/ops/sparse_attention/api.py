@@ -166,7 +166,7 @@ def sparse_attention(
       q: ``bfloat16 | float8_e4m3fn [T, Hq, 128]``.
       k_pool, v_pool: ``uint8[P, Hkv, 8704]``.
       page_table: ``int32 | int64 [T, Hkv, n]``; context_lens: ``int32 | int64 [T, Hkv]``
-        (from select_blocks; SPEC §15.16 for int64).
+        (from select_blocks; SPEC §2.4 for int64).
       sm_scale: softmax scale.
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``.

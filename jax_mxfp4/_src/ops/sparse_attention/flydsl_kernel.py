@@ -1,4 +1,4 @@
-"""FlyDSL kernel: sparse paged attention over MXFP4 K/V pages (SPEC §7, §8, §15.8–15.9).
+"""FlyDSL kernel: sparse paged attention over MXFP4 K/V pages (SPEC §6.1, §7, §7.1, §8).
 
 A workgroup is one (row, partition); row ``r = t * Hkv + h`` attends with q heads
 ``h*G .. h*G+G-1`` (the 16 columns of the MFMA; columns >= G are computed and discarded)
@@ -11,13 +11,13 @@ Per half page (64 tokens) a wave runs:
   operand. An e4m3 query is used as stored (B scale 127). A bf16 query row is normalized:
   ``q_scale = max(amax/448, FLT_MIN)``, ``q8 = e4m3(q / q_scale)``; the exponent of
   ``q_scale`` is the B scale and its mantissa (in [1, 2)) multiplies the logits, so the
-  accumulator never exceeds the logit (SPEC §15.9).
+  accumulator never exceeds the logit (SPEC §7.1).
 * **softmax**, base 2: scores ``s = acc * mantissa * sm_scale * log2(e)``; tokens at or past
   ``ctx``, and every token of a page id outside ``[0, P)``, score ``-inf`` and get a zero V
   scale (garbage and e8m0 0/255 cannot leak); running max per q head, per-lane partial sums.
   A live score that is not finite (a key scale byte 255 in any group, a NaN query element, an
   overflow) poisons its q head: a per-lane flag, merged with the waves' ``m`` as NaN, makes
-  the head's output NaN (SPEC §15.18); live V elements that are NaN or infinite reach the
+  the head's output NaN (SPEC §9.2); live V elements that are NaN or infinite reach the
   output through the PV sum.
 * **PV**: V widened exactly to bf16 (e2m1 via ``v_cvt_scalef32_pk_f32_fp4`` at scale 1, times
   the exact fp32 e8m0 value, truncated) into a wave-private transposed LDS tile

@@ -4,7 +4,7 @@ Partition ``p`` of row ``r`` left ``m_p`` (its base-2 row max), ``l_p`` (its row
 ``o_p = O_p / l_p`` rounded to bf16 (SPEC §7). The merge takes
 ``M = max_p m_p``, ``w_p = 2**(m_p - M) * l_p`` (0 for an empty partition) and writes
 ``out = bf16(sum_p (w_p / sum_q w_q) o_p)`` (zeros when every partition is empty; NaN when a
-partition's ``m_p`` is NaN: a poisoned q head, SPEC §15.18), or its MXFP8
+partition's ``m_p`` is NaN: a poisoned q head, SPEC §9.2), or its MXFP8
 quantization (SPEC §8): ``sb = clamp(E - 8 + (M7 > 96), 0, 254)`` from the bf16 block amax and
 ``e4m3(x * 2**(127 - sb))``.
 
@@ -84,7 +84,7 @@ def _body(spec: Specialization, a) -> None:
     with ir.when(ir.lt(head, ir.ci32(spec.group))):
         def find_max(p, carried):
             m, total = _stats(a, r, p, head, spec.group)
-            poisoned = ir.select(ir.is_nan(m), ir.cf32(1.0), carried[1])  # SPEC §15.18
+            poisoned = ir.select(ir.is_nan(m), ir.cf32(1.0), carried[1])  # SPEC §9.2
             return [ir.select(ir.fgt(total, ir.cf32(0.0)), ir.fmax(carried[0], m), carried[0]),
                     poisoned]
 

@@ -6,7 +6,7 @@ Rows are (token ``t``, kv head ``h``); row ``(t, h)`` attends with q heads ``h*G
 outside ``[0, P)``, are masked (score ``-inf`` and value 0, so garbage cannot leak); a row with
 nothing to attend to outputs zeros. A live token whose logit is not finite (a NaN key or query,
 an overflow) makes its q head's output NaN; NaN and infinite V elements of live tokens enter
-the weighted sum as IEEE arithmetic says (SPEC §15.18).
+the weighted sum as IEEE arithmetic says (SPEC §9.2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ OUTPUTS = ("bf16", "mxfp8")
 
 
 def attention_query(q: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """The e4m3 query the QK product uses, and the scale restored on the logits (SPEC §15.9).
+    """The e4m3 query the QK product uses, and the scale restored on the logits (SPEC §7.1).
 
     A bf16 query row (one token, one q head) is normalized by ``q_scale = max(amax / 448,
     FLT_MIN)`` and rounded to e4m3; an e4m3 query is used as stored (``q_scale = 1``).
@@ -90,7 +90,7 @@ def _attend_rows(q8, q_exp, q_mant, pages, context, k_pool, v_pool, sm_scale):
     weights = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
     values = jnp.where(live[..., None], values, 0.0)
     out = jnp.einsum("thgk,thkd->thgd", weights, values, precision=lax.Precision.HIGHEST)
-    # A live logit that is not finite makes the q head's whole output NaN (SPEC §15.18).
+    # A live logit that is not finite makes the q head's whole output NaN (SPEC §9.2).
     poisoned = jnp.any(live[:, :, None, :] & ~jnp.isfinite(logits), axis=-1)
     return jnp.where(poisoned[..., None], jnp.nan, out)
 
@@ -116,9 +116,9 @@ def sparse_attention(
       output: ``"bf16"`` -> ``bfloat16[T, Hq, 128]``; ``"mxfp8"`` -> ``(float8_e4m3fn[T,
         Hq*128], uint8[T, Hq*4])``, the MXFP8 quantization of the bf16 output.
     """
-    validate.scale(sm_scale)  # SPEC §15.20: a normal fp32, as the public API demands
+    validate.scale(sm_scale)  # SPEC §9.3: a normal fp32, as the public API demands
     q, k_pool, v_pool = jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool)
-    page_table = as_int32(page_table, "page_table", "id")  # SPEC §15.16
+    page_table = as_int32(page_table, "page_table", "id")  # SPEC §2.4
     context_lens = as_int32(context_lens, "context_lens", "length")
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]

@@ -1,5 +1,5 @@
 """Triton kernels: sparse paged attention over MXFP4 K/V with split-K and a fused MXFP8
-epilogue (SPEC §7, §8, §15.9).
+epilogue (SPEC §7, §7.1, §8).
 
 Row ``r = t * Hkv + h`` attends with its ``G`` q heads (``GP`` dot rows, G padded to 16) over
 the first ``context_lens[t, h]`` virtual tokens of its pages. ``attention_kernel`` program
@@ -15,7 +15,7 @@ one split the kernel stores the output itself (bf16, or the MXFP8 values and sca
 several it stores per-split partials ``(m, l, o = O / l in bf16)`` that ``reduce_kernel``
 merges with normalized weights ``exp(m_p - M) * l_p / sum`` before the same epilogue. A row
 with nothing to attend to outputs zeros; a q head with a live logit that is not finite outputs
-NaN (SPEC §15.18), tracked explicitly (``tl.max`` need not propagate NaN) and passed to the
+NaN (SPEC §9.2), tracked explicitly (``tl.max`` need not propagate NaN) and passed to the
 merge as a NaN ``m_p``.
 """
 
@@ -68,7 +68,7 @@ def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, PTX: tl.constexpr):
 
 @triton.jit
 def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr, PTX: tl.constexpr):
-    """bf16 query groups normalized per row to e4m3 (SPEC §15.9), with the scale's exponent
+    """bf16 query groups normalized per row to e4m3 (SPEC §7.1), with the scale's exponent
     and mantissa."""
     amax_bits = tl.maximum(tl.maximum(_abs_max_bits(x0), _abs_max_bits(x1)),
                            tl.maximum(_abs_max_bits(x2), _abs_max_bits(x3)))
@@ -90,7 +90,7 @@ def _normalized(x0, x1, x2, x3, dot_dtype: tl.constexpr, PTX: tl.constexpr):
 def _mxfp8_blocks(x, PTX: tl.constexpr):
     """MXFP8 of bf16 ``x [GP, 2, NB, 16]`` whose MXFP8 block ``b`` is ``x[:, :, b, :]``:
     e4m3 values (same shape) and scale bytes ``int32 [GP, NB]``. An Inf or NaN in a block:
-    scale byte 255 and every value NaN (SPEC §15.13)."""
+    scale byte 255 and every value NaN (SPEC §1.9)."""
     bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
     amax = tl.max(tl.max(bits, axis=3), axis=1)  # bf16 bits [GP, NB]
     expo = (amax >> 7) & 0xFF
@@ -164,7 +164,7 @@ def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
     ``2**-126`` of the page's largest token's, far inside SPEC §10's attention tolerance);
     every other token's logit is the same number as with its own exponent (a power of two
     applied to every term of the same sums). NaN for a token with a byte-255 group (SPEC
-    §1.3, §15.18); tokens that are not live may get any value (they are masked)."""
+    §1.3, §9.2); tokens that are not live may get any value (they are masked)."""
     s0, s1, s2, s3, smax = mxfp4.token_scales(scales)
     nan_keys = smax == mxfp4.NAN_BYTE
     ref = tl.max(tl.where(live & ~nan_keys, smax, 0), axis=0)
@@ -190,7 +190,7 @@ def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_word
     updated ``(m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head dimensions). A
     live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
     head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
-    takes anyway (SPEC §15.18)."""
+    takes anyway (SPEC §9.2)."""
     live = (first_tok + tl.arange(0, 128)) < ctx
     dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, PTX)
     logits = _scaled_logits(dots, k_exp + q_exp, q_mant, sm_scale)
@@ -362,7 +362,7 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     makes that output NaN in the weighted sum anyway (``0 * NaN`` is NaN). On sm_90 every
     ``m`` and ``l`` load now goes out first, 11 of the 16 ``o`` loads during the first pass
     (once the first ``m`` is there) and the other 5 after the second: two round trips and
-    part of a third (RESULTS, eighteenth session)."""
+    part of a third (bench/history/2026-12-03.md, eighteenth session, "What landed")."""
     part = r.to(tl.int64) * SPLITS * GP + tl.arange(0, GP)[:, None]
     poisoned = tl.zeros((GP, cols.shape[0]), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
@@ -419,8 +419,9 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
 
 REDUCE_BLOCKS = 1
 """MXFP8 blocks (32 head dimensions) per reduce program: ``4 // REDUCE_BLOCKS`` programs per
-row. One block was as fast as or faster than two or four at 1 to 256 rows (RESULTS): a short
-chain per program, and the partials still load in 16-byte pieces. A constant: the programs'
+row. One block was as fast as or faster than two or four at 1 to 256 rows
+(bench/history/2026-12-01.md, fourth session, the merge-program table): a short chain per
+program, and the partials still load in 16-byte pieces. A constant: the programs'
 shape never follows the number of rows (batch invariance)."""
 
 
@@ -441,7 +442,8 @@ class Plan:
 ATTENTION_WARPS = 4
 """Warps of every attention program, whatever the grid: a program's reductions and dot
 layouts follow its warp count, so a count chosen by the grid size would make a row's bits
-depend on the batch (SPEC §15.15). Four was the faster count from 32 rows on (RESULTS)."""
+depend on the batch (SPEC §9.1). Four was the faster count from 32 rows on; eight helped only
+at 1-8 rows (bench/history/2026-12-01.md, "later: page loads issued together")."""
 
 
 def plan(group: int, num_pages: int) -> Plan:

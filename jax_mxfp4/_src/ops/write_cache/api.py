@@ -97,8 +97,8 @@ mxfp4_write_cache_p = define(
 
 
 def _bind(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
-    """Bind the primitive: rows go in as bfloat16 (SPEC §15.10), slots as int32 (an int64 slot
-    that does not fit int32 cannot address the pool and is skipped: SPEC §15.16)."""
+    """Bind the primitive: rows go in as bfloat16 (SPEC §1.4), slots as int32 (an int64 slot
+    that does not fit int32 cannot address the pool and is skipped: SPEC §2.4)."""
     x = x.astype(jnp.bfloat16)
     slots = as_int32(slots, "slots", "id")
     return mxfp4_write_cache_p.bind(pool, x, slots, round_mode=round_mode,
@@ -112,7 +112,7 @@ def write_cache(pool, x, slots, *, round_mode: str = "up") -> jnp.ndarray:
       pool: ``uint8[P, 8704]`` (index cache) or ``uint8[P, Hkv, 8704]`` (K or V cache).
       x: float ``[T, 128]`` or ``[T, Hkv, 128]`` (rounded to bfloat16 first).
       slots: ``int32 | int64 [T]``, ``slot = page * 128 + offset``; slots < 0 or >= P*128 are
-        not written (an int64 slot outside int32 included: SPEC §15.16).
+        not written (an int64 slot outside int32 included: SPEC §2.4).
       round_mode: e8m0 scale rounding, ``"up"`` (default), ``"even"`` or ``"down"``.
     Returns:
       The updated pool. Under ``jit`` with the pool donated, the update happens in place.

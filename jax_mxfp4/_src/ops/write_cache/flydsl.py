@@ -31,7 +31,7 @@ def kernel_name(call) -> str:
 
 def lower(ctx, call, pool, x, slots):
     """Slots a later row overwrites are dropped first (``pages.last_writer_slots``): the
-    kernel writes its rows in parallel, and the last writer must win (SPEC §15.14)."""
+    kernel writes its rows in parallel, and the last writer must win (SPEC §3.1)."""
     pool_aval, x_aval, slots_aval = call.avals_in
     tokens = x_aval.shape[0]
     heads = pool_aval.shape[1] if len(pool_aval.shape) == 3 else 1

@@ -19,8 +19,8 @@ def scatter_targets(slots, num_pages: int) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Where each row is written: ``(page int32[T], offset int32[T])``, page ``num_pages`` (out
     of bounds: dropped) for a row that is skipped.
 
-    Slots outside the pool are skipped (an int64 slot outside int32 included, SPEC §15.16),
-    and of several rows with one slot only the last is written (SPEC §15.14): resolved here, so
+    Slots outside the pool are skipped (an int64 slot outside int32 included, SPEC §2.4),
+    and of several rows with one slot only the last is written (SPEC §3.1): resolved here, so
     no two rows target the same bytes and the scatter gives the same bits on every platform
     (XLA's GPU scatter applies conflicting updates in any order).
     """
@@ -40,7 +40,7 @@ def write_cache(
     Args:
       pool: ``uint8[P, 8704]`` (index cache) or ``uint8[P, Hkv, 8704]`` (K or V cache).
       x: ``[T, 128]`` for a pool without a head axis, ``[T, Hkv, 128]`` otherwise; any float
-        dtype, rounded to bfloat16 before quantization (SPEC §15.10).
+        dtype, rounded to bfloat16 before quantization (SPEC §1.4).
       slots: int32 | int64 ``[T]``, ``slot = page * 128 + offset``. Slots < 0 or >= P*128 are
         skipped; of several rows naming one slot, the last is written.
       round_mode: the e8m0 scale rounding, ``"up"`` | ``"even"`` | ``"down"`` (SPEC §1.4).

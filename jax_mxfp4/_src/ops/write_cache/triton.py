@@ -1,11 +1,11 @@
 """Triton kernel: quantize bf16 rows to MXFP4 and store them into pool pages, in place
-(SPEC §3, §1.4, §15.1, §15.6; the pool operand is aliased to the result).
+(SPEC §3, §1.4, §2.3; the pool operand is aliased to the result).
 
 One program quantizes ``ROWS`` (token, head) rows: the block amax is taken on bf16 bit
 patterns, the e8m0 byte follows ``ROUND`` (0 up, 1 even, 2 down), and each element's e2m1
 code comes from comparing ``|x| * 2**(127 - byte)`` (exact) with the rounding boundaries,
 ties to the even code. A slot outside ``[0, P*128)`` is skipped, and of several rows with the
-same slot only the last is written (SPEC §15.14), so the result does not depend on the order
+same slot only the last is written (SPEC §3.1), so the result does not depend on the order
 programs run in: ``claim_kernel`` first enters every slot into an open-addressing hash table
 (``4 T`` entries or more, linear probing, compare-and-swap on the key) and keeps the largest row
 index per slot with an atomic max; ``write_cache_kernel`` then looks its slot up and writes
