@@ -24,6 +24,7 @@ import numpy as np
 import jax_mxfp4 as jm
 from jax_mxfp4._src.core._table import format_table
 from jax_mxfp4._src.core.formats import PAGE_BYTES, PAGE_TOKENS
+from jax_mxfp4._src.core.progress import progress
 from jax_mxfp4._src.dispatch.backend import backend_scope
 from jax_mxfp4_tools.bench_inputs import index_inputs, random_pool
 
@@ -175,29 +176,13 @@ def _time(cell: Cell, compiled, args: tuple, repeats: int, budget_s: float) -> f
     return statistics.median(times)
 
 
-def _progress(done: int, total: int, text: str, stream=None) -> None:
-    """A bar redrawn in place on a terminal; elsewhere (a file, a pipe) one plain line per
-    cell, so logs hold no carriage returns."""
-    stream = stream or sys.stderr
-    if not stream.isatty():
-        if done < total:
-            stream.write(f"bench {done + 1}/{total}: {text}\n")
-        return
-    width = 24
-    filled = width * done // max(total, 1)
-    bar = "#" * filled + "-" * (width - filled)
-    stream.write(f"\r[{bar}] {done}/{total} {text:<48.48}")
-    if done == total:
-        stream.write("\n")
-    stream.flush()
-
-
 def run_cells(cells: list[Cell], *, repeats: int = 10, budget_s: float = 2.0,
               reference: bool = True, seed: int = 0) -> list[Timing]:
     rng = np.random.default_rng(seed)
     results = []
     for i, cell in enumerate(cells):
-        _progress(i, len(cells), f"{cell.op} {cell.shape} {cell.label}")
+        progress(i, len(cells), f"{cell.op} {cell.shape} {cell.label}", what="bench",
+                 log_lines=True)
         fn, args = cell.make(rng)
         kernel = _time(cell, _compile(cell, fn, args, "auto"), args, repeats, budget_s)
         ref = None
@@ -205,7 +190,7 @@ def run_cells(cells: list[Cell], *, repeats: int = 10, budget_s: float = 2.0,
             compiled = _compile(cell, fn, args, "reference")
             ref = _time(cell, compiled, args, max(2, repeats // 3), budget_s)
         results.append(Timing(cell, kernel, ref))
-    _progress(len(cells), len(cells), "done")
+    progress(len(cells), len(cells), "done", what="bench", log_lines=True)
     return results
 
 

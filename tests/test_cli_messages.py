@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as jm
+from jax_mxfp4._src.core.progress import progress
 from jax_mxfp4.cli import build_parser, main
 from jax_mxfp4_tools import bench
 
@@ -58,14 +59,16 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_bench_progress_redraws_only_on_a_terminal():
-    log, terminal = io.StringIO(), _Terminal()
+def test_progress_redraws_only_on_a_terminal():
+    log, terminal, quiet = io.StringIO(), _Terminal(), io.StringIO()
     for stream in (log, terminal):
         for done in range(3):
-            bench._progress(done, 2, f"cell {done}", stream)
+            progress(done, 2, f"cell {done}", what="bench", log_lines=True, stream=stream)
+            progress(done, 2, f"cell {done}", stream=quiet)
     assert "\r" in terminal.getvalue()
     assert "\r" not in log.getvalue()
     assert log.getvalue().splitlines() == ["bench 1/2: cell 0", "bench 2/2: cell 1"]
+    assert quiet.getvalue() == ""  # without log_lines, a log gets nothing
 
 
 def test_build_without_flydsl_is_one_line(monkeypatch, tmp_path):

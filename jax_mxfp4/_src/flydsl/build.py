@@ -9,7 +9,6 @@ specialization of :func:`jax_mxfp4._src.flydsl.abi.minimax_specializations`, wri
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,16 +18,6 @@ from jax_mxfp4._src.flydsl.code_object import ARCHES, CodeObject, code_object, w
 from jax_mxfp4._src.flydsl.metadata import waves_per_simd
 
 
-def _progress(done: int, total: int, label: str, stream) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    bar = "#" * filled + "." * (width - filled)
-    stream.write(f"\r[{bar}] {done}/{total} {label[:60]:<60}")
-    if done == total:
-        stream.write("\n")
-    stream.flush()
-
-
 def build_all(arch: str, out_dir: Path | None, specs: Sequence[abi.Specialization] | None = None,
               *, progress: bool = True) -> list[CodeObject]:
     """Code objects of ``specs`` (default: the MiniMax-M3.1 set), written to ``out_dir``."""
@@ -36,13 +25,13 @@ def build_all(arch: str, out_dir: Path | None, specs: Sequence[abi.Specializatio
     out: list[CodeObject] = []
     for i, spec in enumerate(specs):
         if progress:
-            _progress(i, len(specs), spec.symbol, sys.stderr)
+            progress(i, len(specs), spec.symbol, what="kernel")
         co = code_object(spec, arch=arch)
         if out_dir is not None:
             write_files(co, out_dir)
         out.append(co)
     if progress:
-        _progress(len(specs), len(specs), "done", sys.stderr)
+        progress(len(specs), len(specs), "done", what="kernel")
     if out_dir is not None:
         manifest = {"arch": arch, "kernels": [co.manifest_entry() for co in out]}
         (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
