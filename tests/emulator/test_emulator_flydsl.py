@@ -272,13 +272,13 @@ def scorer_spec(heads: int, tiling: str) -> abi.Specialization:
     return abi.Specialization("index_scores", q="bf16", heads=heads, tiling=tiling)
 
 
-def long_index_case(rng, heads: int, tiling: str):
+def long_index_case(rng, heads: int, tiling: str, q_dtype: str = "bf16"):
     """Rows at the end of contexts of :data:`LONG` tokens whose pages are all fully live (the
     last rows see every token of every block). Prefill: one request's tile of rows (the FlyDSL
     prefill tiling) next to a request with a short prefix; decode: 3 rows of each of 5
     requests."""
     kw = dict(num_heads=heads, num_blocks=LONG // 128, table_width=LONG // 128,
-              q_dtype="bf16", scale_lo=100, scale_hi=150)
+              q_dtype=q_dtype, scale_lo=100, scale_hi=150)
     if tiling == "decode":  # 15 rows: the 16 columns of a tile nearly full at H = 1
         return decode_index_case(rng, [LONG, LONG - 1, LONG, LONG - 2, LONG], 3,
                                  num_pages=5 * LONG // 128 + 2, **kw)
