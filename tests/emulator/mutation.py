@@ -167,6 +167,7 @@ class Judge:
     wrong: Callable
     kill: list
     other: object
+    bf16_of: Callable | None = None  # MXFP8 kernels: the unmutated path's bf16 output
 
 
 def _index_judge(spec, rng) -> Judge:
@@ -184,29 +185,51 @@ def _index_judge(spec, rng) -> Judge:
                  long(rng, spec.heads, spec.tiling, spec.q))
 
 
+@dataclasses.dataclass
+class AttentionRun:
+    """An attention case and the split-K partition count it runs with (split path and merge);
+    ``bf16``: the unmutated path's bf16 output, what an MXFP8 output is held to."""
+
+    case: object
+    partitions: int = 3
+    bf16: np.ndarray | None = None
+
+
+SPLIT_EQUIVALENCE_PARTITIONS = 11
+"""The equivalence runs of the split path: more partitions than the merge kernel's unrolled
+step of 8 (and a remainder), so that every loop of the merge runs (the emulated tests' 2 and
+3 partitions never enter the unrolled step; a MiniMax-M3.1 call has 8)."""
+
+
 def _attention_judge(spec, rng) -> Judge:
-    """Attention kernels (direct or split) and the merge, by the path's final output."""
+    """Attention kernels (direct or split) and the merge, by the path's final output, on the
+    cases of the emulated tests (``test_sparse_attention_*``)."""
     q, output = spec.q or "bf16", spec.output
     path = "split" if spec.op == "attention_merge" else spec.path
 
-    def run(objects, case):
+    def run(objects, item, output=output):
         built = (None, objects)
         if path == "direct":
-            return flydsl_tests.run_direct(built, case, q, output)
-        return flydsl_tests.run_split(built, case, q, 3, output)
+            return flydsl_tests.run_direct(built, item.case, q, output)
+        return flydsl_tests.run_split(built, item.case, q, item.partitions, output)
 
-    def wrong(out, case):
+    def wrong(out, item):
         if output == "mxfp8":  # the tests: MXFP8 of the same path's bf16 output, bit for bit
             values, scales = out
-            want_v, want_s = oracle.quantize_mxfp8(case.bf16.reshape(case.bf16.shape[0], -1))
+            want_v, want_s = oracle.quantize_mxfp8(item.bf16.reshape(item.bf16.shape[0], -1))
             return not (np.array_equal(scales, want_s) and oracle.bits_equal(values, want_v).all())
-        want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+        want = oracle.sparse_attention(*item.case.args(), sm_scale=SM_SCALE)
         return np.isnan(out.astype(np.float32)).any() or not oracle.attention_close(out, want)[0]
 
-    cases = [flydsl_tests.attention_inputs(rng, q),
-             attention_case(rng, flydsl_tests.SWEEP, group=16, q_dtype=q, n_pages=3)]
-    other = attention_case(rng, flydsl_tests.EQUIVALENCE, group=16, q_dtype=q, n_pages=3)
-    return Judge(run, wrong, cases, other)
+    def sweep(contexts):
+        return attention_case(rng, contexts, group=16, q_dtype=q, n_pages=3)
+
+    kill = [AttentionRun(flydsl_tests.attention_inputs(rng, q), partitions)
+            for partitions in (2, 3)] + [AttentionRun(sweep(flydsl_tests.SWEEP))]
+    kill += [AttentionRun(flydsl_tests.attention_inputs(rng, q), p)
+             for p in flydsl_tests.MANY_PARTITIONS]
+    other = AttentionRun(sweep(flydsl_tests.EQUIVALENCE), SPLIT_EQUIVALENCE_PARTITIONS)
+    return Judge(run, wrong, kill, other, lambda objects, item: run(objects, item, "bf16"))
 
 
 def _write_judge(spec, rng) -> Judge:
@@ -238,29 +261,28 @@ def judge_of(spec, rng) -> Judge:
 
 
 def _with_bf16(objects, judge: Judge, spec) -> None:
-    """MXFP8 kernels are judged against the bf16 output of the same path on the same case:
-    compute it once per case with the unmutated kernels."""
-    if spec.output != "mxfp8":
-        return
-    path = "split" if spec.op == "attention_merge" else spec.path
-    q = spec.q or "bf16"
-    for case in [*judge.kill, judge.other]:
-        built = (None, objects)
-        case.bf16 = (flydsl_tests.run_direct(built, case, q, "bf16") if path == "direct"
-                     else flydsl_tests.run_split(built, case, q, 3, "bf16"))
+    """MXFP8 kernels are judged against the bf16 output of the same path on the same case
+    (and partition count): computed once per case with the unmutated kernels."""
+    if spec.output == "mxfp8":
+        for item in [*judge.kill, judge.other]:
+            item.bf16 = judge.bf16_of(objects, item)
 
 
 def verdict(mutant: Mutant, objects: dict, judge: Judge) -> str:
-    """``killed``, ``equivalent`` or ``survived`` (module docstring)."""
+    """``killed``, ``equivalent`` or ``survived`` (module docstring). A mutant the kill cases
+    pass that faults on the other case survives: the tests' own cases miss what it breaks."""
     co = objects[mutant.symbol]
     mutated = {**objects, mutant.symbol: dataclasses.replace(co, isa=mutant.apply(co.isa))}
     try:
         for case in judge.kill:
             if judge.wrong(judge.run(mutated, case), case):
                 return "killed"
-        got = judge.run(mutated, judge.other)
     except EmulatorFault:
         return "killed"
+    try:
+        got = judge.run(mutated, judge.other)
+    except EmulatorFault:
+        return "survived"
     want = judge.run(objects, judge.other)
     same = (all(oracle.bits_equal(a, b).all() for a, b in zip(got, want, strict=True))
             if isinstance(got, tuple) else oracle.bits_equal(got, want).all())

@@ -192,6 +192,12 @@ def test_sparse_attention_direct(built, rng, q_dtype):
     assert_mxfp8_of(run_direct(built, case, q_dtype, "mxfp8"), bf16)
 
 
+MANY_PARTITIONS = (8, 11)
+"""A MiniMax-M3.1 call's 8 partitions (top-16 pages, ``plans.PAGES_PER_SPLIT`` = 2) and 11:
+the merge kernel reads 8 partitions a step, so 2 and 3 never enter that loop (found by
+``make mutate``: every dropped ``s_waitcnt`` of the step survived)."""
+
+
 @pytest.mark.parametrize("partitions", [2, 3])
 @pytest.mark.parametrize("q_dtype", ["bf16", "e4m3"])
 def test_sparse_attention_split_and_merge(built, rng, q_dtype, partitions):
@@ -202,6 +208,18 @@ def test_sparse_attention_split_and_merge(built, rng, q_dtype, partitions):
     bf16 = run_split(built, case, q_dtype, partitions, "bf16")
     assert_close(bf16, want)
     assert_mxfp8_of(run_split(built, case, q_dtype, partitions, "mxfp8"), bf16)
+
+
+@pytest.mark.parametrize("partitions", MANY_PARTITIONS)
+def test_sparse_attention_split_and_merge_over_many_partitions(built, rng, partitions):
+    """The merge's unrolled step of 8 partitions, alone (8) and with a remainder (11), bf16
+    and MXFP8 output. (Mutation: dropping the merge's ``s_waitcnt vmcnt(7)`` in that step is
+    a waitcnt fault here; with only 2-3 partitions it passed.)"""
+    case = attention_inputs(rng, "bf16")
+    want = oracle.sparse_attention(*case.args(), sm_scale=SM_SCALE)
+    bf16 = run_split(built, case, "bf16", partitions, "bf16")
+    assert_close(bf16, want)
+    assert_mxfp8_of(run_split(built, case, "bf16", partitions, "mxfp8"), bf16)
 
 
 # ---- SPEC §7 "PV range": outputs near the fp32 maximum ------------------------------------------
