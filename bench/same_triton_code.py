@@ -1,7 +1,7 @@
 """Compile every Triton kernel the library launches and write each one's assembly to a folder:
 the check that a refactor leaves the generated code unchanged. No GPU needed.
 
-    python bench/same_triton_code.py OUT [--targets sm90,gfx942,gfx950]
+    python bench/same_triton_code.py OUT [--targets sm90,gfx942,gfx950] [--kernels NAME,..]
     diff -r BEFORE/sm90/code AFTER/sm90/code     # one run per tree, then compare
 
 Each target lowers the shapes of the bench cells (``jax_mxfp4_tools.bench_gpu.cells``: index
@@ -252,13 +252,15 @@ def assembly(spec, target) -> tuple[str, str]:
     return "amdgcn", kernels[-1].asm["amdgcn"]
 
 
-def compile_all(target_name: str, out: Path) -> int:
-    """Compile every spec of ``target_name`` and write its assembly under ``out``."""
+def compile_all(target_name: str, out: Path, kernels: list[str]) -> int:
+    """Compile every spec of ``target_name`` (of the kernels named ``kernels``, if any) and
+    write its assembly under ``out``."""
     import triton
 
     import jax_mxfp4
 
-    specs = collect(target_name)
+    specs = {name: entry for name, entry in collect(target_name).items()
+             if not kernels or entry[0].fn.__name__ in kernels}
     root = out / target_name
     (root / "raw").mkdir(parents=True, exist_ok=True)
     (root / "code").mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--targets", default=",".join(TARGETS))
+    parser.add_argument("--kernels", default="", help="only these kernels (function names, "
+                        "comma-separated), e.g. attention_kernel,reduce_kernel")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     targets = args.targets.split(",")
@@ -290,14 +294,14 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}; known: {list(TARGETS)}")
     if args.one:  # a child process: one target, in fresh caches
-        compile_all(targets[0], args.out)
+        compile_all(targets[0], args.out, list(filter(None, args.kernels.split(","))))
         return 0
     for target in targets:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TRITON_CACHE_DIR": str(Path(cache) / "triton"),
                    "JAX_MXFP4_CACHE_DIR": str(Path(cache) / "jax_mxfp4")}
             subprocess.run([sys.executable, __file__, str(args.out), "--targets", target,
-                            "--one"], env=env, check=True)
+                            "--kernels", args.kernels, "--one"], env=env, check=True)
     return 0
 
 
