@@ -151,21 +151,22 @@ def page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES):
 @triton.jit
 def _page_bytes(k_ptr, v_ptr, ok, base):
     """Issue every load of the page at byte offset ``base`` that :func:`page_offset` gave
-    (K codes and scales, V codes and scales) and return the raw bytes with whether the page
-    holds live tokens: a page that is not loads nothing and is skipped."""
+    (K codes and scales, V codes and scales) and return whether the page holds live tokens
+    (a page that does not loads nothing and is skipped) and its raw bytes, ``(keys, k_scales,
+    v_words, v_scales)`` with ``keys`` the four groups' code bytes (``mxfp4.split_groups``)."""
     # Every load first, then the keys' layout change: ptxas issues no load after a shared
     # store of loaded data, so with the keys split first the values' loads waited for the
     # keys' bytes to arrive (one more round trip on a short call's path).
     k_codes, k_scales = mxfp4.page_bytes(k_ptr + base, ok)
     v_words, v_scales = mxfp4.page_bytes(v_ptr + base, ok)
-    k0, k1, k2, k3 = mxfp4.split_groups(k_codes)
-    return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
+    return ok, (mxfp4.split_groups(k_codes), k_scales, v_words, v_scales)
 
 
 @triton.jit
-def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
+def _page_dots(q_groups, keys, scales, live, PTX: tl.constexpr):
     """A page's relative logits ``dots f32 [GP, 128]`` and one exponent for the whole page:
-    ``q . k = dots * 2**exponent`` (int32 scalar) for every live token.
+    ``q . k = dots * 2**exponent`` (int32 scalar) for every live token, from the query's four
+    groups (:func:`_query_groups`) and the keys' (:func:`_page_bytes`).
 
     Each scale group's dot is scaled by ``2**(byte - ref)``, ``ref`` the largest scale byte
     of the page's live tokens (NaN-key tokens, byte 255, set none), so the logit scaling
@@ -175,6 +176,8 @@ def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
     every other token's logit is the same number as with its own exponent (a power of two
     applied to every term of the same sums). NaN for a token with a byte-255 group (SPEC
     §1.3, §15.18); tokens that are not live may get any value (they are masked)."""
+    q0, q1, q2, q3 = q_groups
+    b0, b1, b2, b3 = keys
     s0, s1, s2, s3, smax = mxfp4.token_scales(scales)
     nan_keys = smax == mxfp4.NAN_BYTE
     ref = tl.max(tl.where(live & ~nan_keys, smax, 0), axis=0)
@@ -193,16 +196,20 @@ def _scaled_logits(dots, expo, q_mant, sm_scale):
 
 
 @triton.jit
-def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_words, v_scales,
-                 first_tok, ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok,
-                 PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
-    """One page of the online softmax on its loaded bytes (:func:`_page_bytes`): returns the
-    updated ``(m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head dimensions). A
-    live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
-    head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
-    takes anyway (SPEC §15.18)."""
+def _attend_page(query, page, state, first_tok, ctx, sm_scale, g_ok, PV_DTYPE: tl.constexpr,
+                 PTX: tl.constexpr):
+    """One page of the online softmax on its loaded bytes: ``query`` as :func:`_query_groups`
+    returns it (the four groups, each row's exponent and mantissa), ``page`` as
+    :func:`_page_bytes` does, its first token at ``first_tok`` of the row's ``ctx``, and the
+    running ``state = (m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head
+    dimensions), returned updated. A live logit that is not finite (a NaN key or query, an
+    overflow) becomes NaN and its q head's running max ``m_i`` NaN for good, in the one
+    NaN-keeping max reduction the softmax takes anyway (SPEC §15.18)."""
+    q0, q1, q2, q3, q_exp, q_mant = query
+    keys, k_scales, v_words, v_scales = page
+    m_i, l_i, acc_even, acc_odd = state
     live = (first_tok + tl.arange(0, PAGE_TOKENS)) < ctx
-    dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, PTX)
+    dots, k_exp = _page_dots((q0, q1, q2, q3), keys, k_scales, live, PTX)
     logits = _scaled_logits(dots, k_exp + q_exp, q_mant, sm_scale)
     seen = live[None, :] & g_ok[:, None]
     logits = tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
@@ -252,14 +259,14 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     # after their load, which would wait for them first).
     ok, base = page_offset(table_ptr, r, h, s * PAGES, ctx, HKV, P, NPAGES)
     qrow = t.to(tl.int64) * HKV * G + h * G + g
-    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, PTX)
+    query = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, PTX)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
     acc_even = tl.zeros((GP, HEAD_DIM // 2), tl.float32)  # head dimensions 0, 2, .., 126
     acc_odd = tl.zeros((GP, HEAD_DIM // 2), tl.float32)  # 1, 3, .., 127
     # Software-pipelined over the split's pages: page i + 1's bytes are in flight while page
     # i is computed (a program walks only PAGES pages, so this hides every load but the first).
-    ok, k0, k1, k2, k3, ks, vw, vs = _page_bytes(k_ptr, v_ptr, ok, base)
+    ok, page = _page_bytes(k_ptr, v_ptr, ok, base)
     for i in tl.static_range(PAGES):
         if i + 1 < PAGES:
             nxt_ok, nxt_base = page_offset(table_ptr, r, h, s * PAGES + i + 1, ctx, HKV, P,
@@ -267,11 +274,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
             nxt = _page_bytes(k_ptr, v_ptr, nxt_ok, nxt_base)
         if ok:
             m_i, l_i, acc_even, acc_odd = _attend_page(
-                q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, ks, vw, vs,
-                (s * PAGES + i) * PAGE_TOKENS,
-                ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, PV_DTYPE, PTX)
+                query, page, (m_i, l_i, acc_even, acc_odd), (s * PAGES + i) * PAGE_TOKENS,
+                ctx, sm_scale, g_ok, PV_DTYPE, PTX)
         if i + 1 < PAGES:
-            ok, k0, k1, k2, k3, ks, vw, vs = nxt
+            ok, page = nxt
     # a q head that saw nothing outputs zeros; a poisoned one (NaN max) NaN
     seen, poisoned = (l_i > 0)[:, None], (m_i != m_i)[:, None]
     even = tl.where(poisoned, float("nan"), tl.where(seen, acc_even, 0.0))
