@@ -2,14 +2,9 @@
 against, and the lowering used where no kernel exists (or under ``set_backend("reference")``).
 
 These functions do not validate their arguments (but for ``sm_scale``, which must be a normal
-<<<<<<< HEAD:jax_mxfp4/reference.py
 fp32 here too: SPEC §9.3); the public API (``jax_mxfp4.write_cache``...) does, then calls a
 primitive whose reference lowering is these functions. Each is written beside its operation,
 in ``jax_mxfp4._src.ops.<op>.reference``.
-=======
-fp32 here too: SPEC §9.3); the public API (``jax_mxfp4.write_cache``...) does, then calls a
-primitive whose reference lowering is this module.
->>>>>>> docs-fold:jax_mxfp4/_src/ops/__init__.py
 """
 
 from jax_mxfp4._src.core.formats import (

@@ -29,8 +29,10 @@ PAGE_TOKENS = 128
 """Tokens per page (= the sparse block size)."""
 TOKEN_DATA_BYTES = HEAD_DIM // 2
 """Packed e2m1 bytes per token row (64)."""
-TOKEN_SCALE_BYTES = HEAD_DIM // MX_BLOCK
-"""Scale bytes per token row (4)."""
+TOKEN_GROUPS = HEAD_DIM // MX_BLOCK
+"""Scale groups per token row (4)."""
+TOKEN_SCALE_BYTES = TOKEN_GROUPS
+"""Scale bytes per token row (4): one per group."""
 PAGE_SCALE_OFFSET = PAGE_TOKENS * TOKEN_DATA_BYTES
 """Byte offset of the scale area inside a page (8192)."""
 PAGE_BYTES = PAGE_SCALE_OFFSET + PAGE_TOKENS * TOKEN_SCALE_BYTES
@@ -309,6 +311,7 @@ __all__ = [
     "PAGE_SCALE_OFFSET",
     "PAGE_TOKENS",
     "TOKEN_DATA_BYTES",
+    "TOKEN_GROUPS",
     "TOKEN_SCALE_BYTES",
     "dequantize_mxfp4",
     "dequantize_mxfp8",

@@ -38,10 +38,24 @@ from triton.runtime.jit import constexpr_function
 
 from jax_mxfp4._src.core import formats
 
+# The page layout (``formats``, SPEC §2.1) as the kernels' compile-time constants: every Triton
+# and Gluon kernel takes its page geometry from here (a global a kernel reads is a constexpr).
+PAGE_TOKENS = tl.constexpr(formats.PAGE_TOKENS)  # tokens per page (128)
+HEAD_DIM = tl.constexpr(formats.HEAD_DIM)  # elements per token row (128)
+MX_BLOCK = tl.constexpr(formats.MX_BLOCK)  # elements per scale group (32)
+TOKEN_GROUPS = tl.constexpr(formats.TOKEN_GROUPS)  # scale groups per token row (4)
+TOKEN_DATA_BYTES = tl.constexpr(formats.TOKEN_DATA_BYTES)  # code bytes per token row (64)
+TOKEN_SCALE_BYTES = tl.constexpr(formats.TOKEN_SCALE_BYTES)  # scale bytes per token row (4)
+PAGE_SCALE_OFFSET = tl.constexpr(formats.PAGE_SCALE_OFFSET)  # the scale bytes' offset (8192)
+PAGE_BYTES = tl.constexpr(formats.PAGE_BYTES)  # bytes per page (8704)
+GROUP_DATA_BYTES = tl.constexpr(formats.MX_BLOCK // 2)  # code bytes of a token's group (16)
+WORD_BYTES = tl.constexpr(4)  # bytes per 32-bit word (code words, a token's scale word)
+WORD_ELEMENTS = tl.constexpr(2 * WORD_BYTES)  # e2m1 elements per code word (8)
+TOKEN_WORDS = tl.constexpr(TOKEN_DATA_BYTES // WORD_BYTES)  # code words per token row (16)
+GROUP_WORDS = tl.constexpr(GROUP_DATA_BYTES // WORD_BYTES)  # code words per group (4)
+
 NAN_BYTE = tl.constexpr(formats.E8M0_NAN)  # e8m0 NaN: a token with it in any group has NaN keys
 PROPAGATE_NAN = tl.constexpr(tl.PropagateNan.ALL)
-PAGE_BYTES = tl.constexpr(formats.PAGE_BYTES)
-SCALE_OFFSET = tl.constexpr(formats.PAGE_SCALE_OFFSET)
 FOLD_SHIFT = tl.constexpr(15)  # folded keys: a group at the reference byte is scaled by 2**15
 FOLD_BAND = tl.constexpr(32)  # binades of group scale below the reference byte in one dot
 BAND_STEP = tl.constexpr(2.0**-32)  # 2**-FOLD_BAND
@@ -236,7 +250,8 @@ def row_scales(page_ptr, ok):
     """A page's scale bytes ``int32 [128, 4]`` for :func:`row_logits` (zeros where ``ok``, a
     scalar, is false). Triton changes their layout right after the load, which waits for it:
     load them where that wait overlaps other loads in flight, not before arithmetic."""
-    byte = SCALE_OFFSET + tl.arange(0, 128)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    byte = (PAGE_SCALE_OFFSET + tl.arange(0, PAGE_TOKENS)[:, None] * TOKEN_SCALE_BYTES
+            + tl.arange(0, TOKEN_SCALE_BYTES)[None, :])
     return tl.load(page_ptr + byte, mask=ok, other=0).to(tl.int32)
 
 
@@ -244,9 +259,9 @@ def row_scales(page_ptr, ok):
 def row_words(page_ptr, ok):
     """The code words of a page's 128 tokens: ``uint32 [128, 16]``, 8 elements each (zeros
     where ``ok``, a scalar, is false)."""
-    tok = tl.arange(0, 128)
-    return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * 16
-                   + tl.arange(0, 16)[None, :], mask=ok, other=0)
+    tok = tl.arange(0, PAGE_TOKENS)
+    return tl.load(page_ptr.to(tl.pointer_type(tl.uint32)) + tok[:, None] * TOKEN_WORDS
+                   + tl.arange(0, TOKEN_WORDS)[None, :], mask=ok, other=0)
 
 
 ROW_OFFSET = tl.constexpr(-127 + 6)
@@ -273,7 +288,8 @@ def row_logits(q, words, scales, PTX: tl.constexpr):
     per_word += v5 * q[5][None, :]
     per_word += v6 * q[6][None, :]
     per_word += v7 * q[7][None, :]
-    return row_group_sum(tl.sum(tl.reshape(per_word, (128, 4, 4)), axis=2), scales)
+    per_group = tl.reshape(per_word, (PAGE_TOKENS, TOKEN_GROUPS, GROUP_WORDS))
+    return row_group_sum(tl.sum(per_group, axis=2), scales)
 
 
 @triton.jit
@@ -290,7 +306,8 @@ def row_group_sum(per_group, scales):
 def code_bytes(page_ptr, ok):
     """A page's code bytes ``uint8 [128, 64]`` in one load (zeros where ``ok``, a scalar, is
     false)."""
-    byte = tl.arange(0, 128)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    byte = (tl.arange(0, PAGE_TOKENS)[:, None] * TOKEN_DATA_BYTES
+            + tl.arange(0, TOKEN_DATA_BYTES)[None, :])
     return tl.load(page_ptr + byte, mask=ok, other=0)
 
 
@@ -299,8 +316,8 @@ def scale_words(page_ptr, ok):
     """Each token's 4 scale bytes as one uint32 ``[128]`` (group ``g`` in bits ``8g``): one
     load and one layout change for the page instead of one per group. Zeros where ``ok``
     (a scalar) is false."""
-    words = page_ptr.to(tl.pointer_type(tl.uint32)) + SCALE_OFFSET // 4
-    return tl.load(words + tl.arange(0, 128), mask=ok, other=0)
+    words = page_ptr.to(tl.pointer_type(tl.uint32)) + PAGE_SCALE_OFFSET // WORD_BYTES
+    return tl.load(words + tl.arange(0, PAGE_TOKENS), mask=ok, other=0)
 
 
 @triton.jit
@@ -312,7 +329,7 @@ def scale_byte(words, g: tl.constexpr):
 @triton.jit
 def group_bytes(words):
     """Every group's scale byte of each of ``words`` (:func:`scale_words`): int32 ``[N, 4]``."""
-    return ((words[:, None] >> (8 * tl.arange(0, 4))[None, :]) & 0xFF).to(tl.int32)
+    return ((words[:, None] >> (8 * tl.arange(0, TOKEN_GROUPS))[None, :]) & 0xFF).to(tl.int32)
 
 
 @triton.jit
@@ -329,7 +346,7 @@ def split_groups(codes):
     """The four scale groups' code bytes ``uint8 [128, 16]`` of a page's :func:`code_bytes`
     (a layout change, which waits for the load)."""
     # [128, 64] -> [128, 16, 2 (group bit 1), 2 (group bit 0)], then split to the groups
-    quads = tl.permute(tl.reshape(codes, (128, 2, 2, 16)), (0, 3, 1, 2))
+    quads = tl.permute(tl.reshape(codes, (PAGE_TOKENS, 2, 2, GROUP_DATA_BYTES)), (0, 3, 1, 2))
     even, odd = tl.split(quads)  # group bit 0
     b0, b2 = tl.split(even)
     b1, b3 = tl.split(odd)
@@ -428,7 +445,8 @@ def _band_keys(codes, depth, band, DTYPE: tl.constexpr):
     shift = FOLD_SHIFT - depth + band * FOLD_BAND
     inside = (shift <= FOLD_SHIFT) & (shift > FOLD_SHIFT - FOLD_BAND)
     factor = tl.where(inside, pow2(shift), 0.0).to(DTYPE)
-    return tl.reshape(tl.reshape(keys, (128, 4, 32)) * factor[:, :, None], (128, 128))
+    groups = tl.reshape(keys, (PAGE_TOKENS, TOKEN_GROUPS, MX_BLOCK))
+    return tl.reshape(groups * factor[:, :, None], (PAGE_TOKENS, HEAD_DIM))
 
 
 @triton.jit
@@ -464,11 +482,11 @@ def folded_page_logits(q, codes, scale_words, live):
     live = live & ~nan_keys  # NaN tokens set no reference: the rest stay exact
     ref, shallowest, first_nan = tl.reduce(
         (tl.where(live, largest, 0), tl.where(live, smallest, NAN_BYTE),
-         tl.where(nan_keys, tl.arange(0, 128), 2**30)), 0, _page_span)
+         tl.where(nan_keys, tl.arange(0, PAGE_TOKENS), 2**30)), 0, _page_span)
     depth = ref - scales  # [128, 4]; negative (zero keys) only for tokens that are not live
     deepest = tl.maximum(ref - shallowest, 0)  # the deepest live group below the reference
     bands = deepest // FOLD_BAND + 1
-    dots = tl.zeros((q.shape[0], 128), tl.float32)
+    dots = tl.zeros((q.shape[0], PAGE_TOKENS), tl.float32)
     for i in range(bands):
         if i > 0:
             dots = dots * BAND_STEP
@@ -499,8 +517,8 @@ def value_dims():
     """The head dimension of each column of ``join(lo, hi)`` of :func:`page_values` reshaped
     to 128 columns as ``[lo | hi]``: column ``j = 64 * nibble + byte`` holds element ``2 *
     byte + nibble``. The attention output is stored through this map."""
-    j = tl.arange(0, 128)
-    return 2 * (j % 64) + j // 64
+    j = tl.arange(0, HEAD_DIM)
+    return 2 * (j % TOKEN_DATA_BYTES) + j // TOKEN_DATA_BYTES
 
 
 @triton.jit
@@ -515,14 +533,18 @@ def page_values(codes, scales, live, DTYPE: tl.constexpr, PTX: tl.constexpr):
     held."""
     if (not PTX) or (DTYPE != tl.bfloat16):
         byte = group_bytes(scales)
-        x = tl.reshape(nibbles_fp8(codes).to(tl.float32), (128, 4, 32)) * 64.0  # e2m1, exact
+        x = tl.reshape(nibbles_fp8(codes).to(tl.float32),
+                       (PAGE_TOKENS, TOKEN_GROUPS, MX_BLOCK)) * 64.0  # e2m1, exact
         x = x * pow2(byte - 127)[:, :, None]
         x = tl.where((byte == NAN_BYTE)[:, :, None], float("nan"), x)
         x = tl.where(live[:, None, None], x, 0.0)
-        lo, hi = tl.split(tl.reshape(x, (128, 64, 2)))  # [token, byte, nibble]
+        # [token, byte, nibble]
+        lo, hi = tl.split(tl.reshape(x, (PAGE_TOKENS, TOKEN_DATA_BYTES, 2)))
         return lo.to(DTYPE), hi.to(DTYPE)
-    factor = tl.reshape(tl.broadcast_to(value_factors(scales, live)[:, :, None], (128, 4, 16)),
-                        (128, 64))
+    factor = tl.reshape(
+        tl.broadcast_to(value_factors(scales, live)[:, :, None],
+                        (PAGE_TOKENS, TOKEN_GROUPS, GROUP_DATA_BYTES)),
+        (PAGE_TOKENS, TOKEN_DATA_BYTES))
     lo, hi = scaled_nibbles_bf16(codes, factor)
     return lo.to(DTYPE), hi.to(DTYPE)  # DTYPE is bf16 here: one return type for both branches
 

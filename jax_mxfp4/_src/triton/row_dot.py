@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from jax_mxfp4._src.triton import mxfp4
+from jax_mxfp4._src.triton.mxfp4 import GROUP_WORDS, TOKEN_GROUPS, TOKEN_WORDS
 
 Q_UNIT_LOG2 = tl.constexpr(9)
 """``x = q * 2**9``: e4m3's smallest subnormal is ``2**-9``, so every e4m3 value is an integer
@@ -149,9 +150,10 @@ def query_slices(q, PTX: tl.constexpr):
     x0, x1, x2, x3 = _fixed(q[0], PTX), _fixed(q[4], PTX), _fixed(q[2], PTX), _fixed(q[6], PTX)
     x4, x5, x6, x7 = _fixed(q[1], PTX), _fixed(q[5], PTX), _fixed(q[3], PTX), _fixed(q[7], PTX)
     word_start = 0 - (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7) * KEY_OFFSET  # [16]
-    first = tl.arange(0, 4)[None, :] == 0  # each group's sum at its first word, 0 elsewhere
-    start = tl.where(first, tl.sum(tl.reshape(word_start, (4, 4)), axis=1)[:, None], 0)
-    start = tl.reshape(start, (16,)).to(tl.uint32, bitcast=True)
+    first = tl.arange(0, GROUP_WORDS)[None, :] == 0  # each group's sum at its first word
+    group_start = tl.sum(tl.reshape(word_start, (TOKEN_GROUPS, GROUP_WORDS)), axis=1)
+    start = tl.where(first, group_start[:, None], 0)
+    start = tl.reshape(start, (TOKEN_WORDS,)).to(tl.uint32, bitcast=True)
     zeros = q[0] * 0.0 + q[1] * 0.0 + q[2] * 0.0 + q[3] * 0.0  # NaN where an element is
     zeros += q[4] * 0.0 + q[5] * 0.0 + q[6] * 0.0 + q[7] * 0.0
     lo0, mid0, hi0 = _slices(x0, x1, x2, x3, PTX)
@@ -202,7 +204,7 @@ def group_dots(words, slices, PTX: tl.constexpr):
              slices[3][None, :], slices[4][None, :], slices[5][None, :], slices[6][None, :],
              positive[None, :], negative[None, :]],
             dtype=tl.int32, is_pure=True, pack=4)
-        pairs, _ = tl.split(tl.reshape(dots, (words.shape[0], 4, 2, 2)))
+        pairs, _ = tl.split(tl.reshape(dots, (words.shape[0], TOKEN_GROUPS, 2, 2)))
         first_of_group, _ = tl.split(pairs)
         return first_of_group
     total = slices[6].to(tl.int32, bitcast=True)[None, :] + _element_dot(words, slices, 0)
@@ -213,7 +215,7 @@ def group_dots(words, slices, PTX: tl.constexpr):
     total += _element_dot(words, slices, 5)
     total += _element_dot(words, slices, 6)
     total += _element_dot(words, slices, 7)
-    return tl.sum(tl.reshape(total, (words.shape[0], 4, 4)), axis=2)
+    return tl.sum(tl.reshape(total, (words.shape[0], TOKEN_GROUPS, GROUP_WORDS)), axis=2)
 
 
 @triton.jit

@@ -45,6 +45,16 @@ from jax_mxfp4._src.ops.index_scores.triton_kernel import (
     tile_rows,
 )
 from jax_mxfp4._src.triton import mxfp4
+from jax_mxfp4._src.triton.mxfp4 import (
+    GROUP_DATA_BYTES,
+    GROUP_WORDS,
+    HEAD_DIM,
+    PAGE_TOKENS,
+    TOKEN_GROUPS,
+    TOKEN_SCALE_BYTES,
+    TOKEN_WORDS,
+    WORD_BYTES,
+)
 
 WARPS = 8
 """Warps per program: two warpgroups (a warpgroup, four warps, is the unit of a ``wgmma``)."""
@@ -77,7 +87,7 @@ CODES = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_wa
 GROUP_BYTES = gl.constexpr(gl.SliceLayout(2, WORDS))
 ALL_TOKENS = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[1], [2]], lane_bases=[[4], [8], [16], [32], [64]], warp_bases=[[0], [0], [0]],
-    block_bases=[], shape=[128]))
+    block_bases=[], shape=[PAGE_TOKENS]))
 """A page's 128 scale words in every warp (four to a thread, one 16-byte load): the page's
 reference byte, deepest group and first NaN-key token reduce within each warp, with no
 shared memory and no barrier."""
@@ -107,16 +117,17 @@ def _page_loads(page_ptr, ok):
     """Issue every load of a page: its code words (:data:`WORDS`), its scale words
     (:data:`ALL_TOKENS`) and each thread's group scale bytes (:data:`GROUP_BYTES`); zeros
     where not ``ok`` (a scalar)."""
-    tok = gl.arange(0, 128, layout=gl.SliceLayout(1, GROUP_BYTES))
-    grp = gl.arange(0, 4, layout=gl.SliceLayout(0, GROUP_BYTES))
-    word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
-    offs = tok[:, None, None] * 16 + grp[None, :, None] * 4 + word[None, None, :]
+    tok = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, GROUP_BYTES))
+    grp = gl.arange(0, TOKEN_GROUPS, layout=gl.SliceLayout(0, GROUP_BYTES))
+    word = gl.arange(0, GROUP_WORDS, layout=gl.SliceLayout(0, gl.SliceLayout(1, WORDS)))
+    offs = (tok[:, None, None] * TOKEN_WORDS + grp[None, :, None] * GROUP_WORDS
+            + word[None, None, :])
     words = page_ptr.to(gl.pointer_type(gl.uint32))
     codes = gl.load(words + offs, mask=ok, other=0)
-    scale_words = gl.load(words + mxfp4.SCALE_OFFSET // 4 + gl.arange(0, 128, layout=ALL_TOKENS),
-                          mask=ok, other=0)
-    group_bytes = gl.load(page_ptr + mxfp4.SCALE_OFFSET + tok[:, None] * 4 + grp[None, :],
-                          mask=ok, other=0)
+    scale_words = gl.load(words + mxfp4.PAGE_SCALE_OFFSET // WORD_BYTES
+                          + gl.arange(0, PAGE_TOKENS, layout=ALL_TOKENS), mask=ok, other=0)
+    group_bytes = gl.load(page_ptr + mxfp4.PAGE_SCALE_OFFSET + tok[:, None] * TOKEN_SCALE_BYTES
+                          + grp[None, :], mask=ok, other=0)
     return codes, scale_words, group_bytes
 
 
@@ -125,13 +136,13 @@ def _page_span(scale_words, reach, j):
     """``folded_page_logits``' reduction: the page's reference byte (the largest scale byte of
     the tokens up to ``reach`` that have no NaN group), its deepest group below it (0 where
     none) and the page index of its first NaN-key token (``2**30`` where none)."""
-    tok = gl.arange(0, 128, layout=ALL_TOKENS)
+    tok = gl.arange(0, PAGE_TOKENS, layout=ALL_TOKENS)
     s0, s1 = mxfp4.scale_byte(scale_words, 0), mxfp4.scale_byte(scale_words, 1)
     s2, s3 = mxfp4.scale_byte(scale_words, 2), mxfp4.scale_byte(scale_words, 3)
     largest = gl.maximum(gl.maximum(s0, s1), gl.maximum(s2, s3))
     smallest = gl.minimum(gl.minimum(s0, s1), gl.minimum(s2, s3))
     nan_keys = largest == mxfp4.NAN_BYTE
-    live = (j * 128 + tok <= reach) & ~nan_keys
+    live = (j * PAGE_TOKENS + tok <= reach) & ~nan_keys
     ref, shallowest, first_nan = gl.reduce(
         (gl.where(live, largest, 0), gl.where(live, smallest, mxfp4.NAN_BYTE),
          gl.where(nan_keys, tok, 2**30)), 0, mxfp4._page_span)
@@ -147,19 +158,20 @@ def _store_keys(keys_smem, codes, group_bytes, ref, band):
     shift = mxfp4.FOLD_SHIFT - (ref - group_bytes.to(gl.int32)) + band * mxfp4.FOLD_BAND
     inside = (shift <= mxfp4.FOLD_SHIFT) & (shift > mxfp4.FOLD_SHIFT - mxfp4.FOLD_BAND)
     factor = gl.where(inside, mxfp4.pow2(shift), 0.0).to(gl.float16)
-    raw = gl.convert_layout(gl.reshape(word_bytes(gl.reshape(codes, [512, 4])), [128, 4, 16]),
-                           CODES)
+    group_words = gl.reshape(codes, [PAGE_TOKENS * TOKEN_GROUPS, GROUP_WORDS])
+    raw = gl.convert_layout(gl.reshape(word_bytes(group_words),
+                                       [PAGE_TOKENS, TOKEN_GROUPS, GROUP_DATA_BYTES]), CODES)
     factor = gl.broadcast(gl.convert_layout(factor, gl.SliceLayout(2, CODES))[:, :, None], raw)[0]
     lo, hi = gl.inline_asm_elementwise(_FOLDED_FP16, "=r,=r,=r,=r,r,r,r", [raw, factor],
                                        dtype=(gl.float16, gl.float16), is_pure=True, pack=4)
-    keys_smem.store(gl.reshape(gl.join(lo, hi), [128, 128]))  # dim 32 g + 2 i + nibble
+    keys_smem.store(gl.reshape(gl.join(lo, hi), [PAGE_TOKENS, HEAD_DIM]))  # dim 32 g + 2 i + nibble
 
 
 @gluon.jit
 def _page_dots(q_smem, keys_smem, codes, group_bytes, ref, bands):
     """The page's relative dots ``f32 [128, 128]`` (``q . k = dots * 2**(ref - 136)`` for
     every token a row reaches): one ``wgmma`` per band, deepest first (Horner)."""
-    dots = gl.zeros((DOT_ROWS, 128), gl.float32, layout=ACC)
+    dots = gl.zeros((DOT_ROWS, PAGE_TOKENS), gl.float32, layout=ACC)
     for i in range(bands):
         gl.thread_barrier()  # every warp is done with the keys the last dot read
         _store_keys(keys_smem, codes, group_bytes, ref, bands - 1 - i)
@@ -181,9 +193,9 @@ def _page_best(q_smem, keys_smem, page, sel, pos, j, reach, low):
     ref, deepest, first_nan = _page_span(scale_words, reach, j)
     expo = ref - 127 + 6 - mxfp4.FOLD_SHIFT
     dots = _page_dots(q_smem, keys_smem, codes, group_bytes, ref, deepest // mxfp4.FOLD_BAND + 1)
-    tok = j * 128 + gl.arange(0, 128, layout=TOKEN_SLICE)
-    return folded_row_maxima(dots, expo, j * 128 + first_nan, sel, pos, tok,
-                             j * 128 + 127 <= low, True)
+    tok = j * PAGE_TOKENS + gl.arange(0, PAGE_TOKENS, layout=TOKEN_SLICE)
+    return folded_row_maxima(dots, expo, j * PAGE_TOKENS + first_nan, sel, pos, tok,
+                             j * PAGE_TOKENS + (PAGE_TOKENS - 1) <= low, True)
 
 
 @gluon.jit
@@ -211,8 +223,8 @@ def _query_tile(q_smem, q_ptr, first_row, T, H: gl.constexpr, ROWS: gl.constexpr
     e4m3, an e4m3 one converted exactly; zeros for rows past the tile or ``T``)."""
     row, head, ok = tile_row_ids(gl.arange(0, DOT_ROWS, layout=gl.SliceLayout(1, QUERY)),
                                  first_row, T, H, ROWS)
-    d = gl.arange(0, 128, layout=gl.SliceLayout(0, QUERY))
-    x = gl.load(q_ptr + (row.to(gl.int64) * H + head)[:, None] * 128 + d[None, :],
+    d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, QUERY))
+    x = gl.load(q_ptr + (row.to(gl.int64) * H + head)[:, None] * HEAD_DIM + d[None, :],
                 mask=ok[:, None], other=0.0)
     if ROUND_Q:
         q_smem.store(mxfp4.round_e4m3(x.to(gl.float32), True).to(gl.float16))
@@ -239,8 +251,8 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
     first_row = (gl.num_programs(0) - 1 - gl.program_id(0)) * ROWS
     row, head, row_ok, pos, req, live = tile_rows(gl.arange(0, DOT_ROWS, layout=ROW_SLICE),
                                                   first_row, pos_ptr, req_ptr, T, B, H, ROWS)
-    q_smem = gl.allocate_shared_memory(gl.float16, [DOT_ROWS, 128], OPERAND)
-    keys_smem = gl.allocate_shared_memory(gl.float16, [128, 128], OPERAND)
+    q_smem = gl.allocate_shared_memory(gl.float16, [DOT_ROWS, HEAD_DIM], OPERAND)
+    keys_smem = gl.allocate_shared_memory(gl.float16, [PAGE_TOKENS, HEAD_DIM], OPERAND)
     reach, low, req_lo, req_hi = _tile_span(live, pos, req, B)
     out = out_ptr + head.to(gl.int64) * T * NB + row.to(gl.int64) * NB
     first = gl.program_id(1) * BLOCKS
@@ -263,7 +275,7 @@ def index_prefill_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, 
         for jj in range(BLOCKS):
             j = first + jj
             best = gl.full((DOT_ROWS,), float("-inf"), gl.float32, layout=ROW_SLICE)
-            if (j < NB) & (j * 128 <= reach):
+            if (j < NB) & (j * PAGE_TOKENS <= reach):
                 for req_r in range(req_lo, req_hi + 1):
                     sel = live & (req == req_r)
                     sel_reach, sel_low = _row_span(sel, pos)

@@ -42,6 +42,15 @@ from jax_mxfp4._src.ops.index_scores.triton_kernel import (
     tile_rows,
 )
 from jax_mxfp4._src.triton import mxfp4
+from jax_mxfp4._src.triton.mxfp4 import (
+    GROUP_DATA_BYTES,
+    GROUP_WORDS,
+    HEAD_DIM,
+    MX_BLOCK,
+    PAGE_TOKENS,
+    TOKEN_WORDS,
+    WORD_BYTES,
+)
 
 
 @triton.jit
@@ -74,7 +83,7 @@ KEYS = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=ACC.value, k_wid
 QUERY = gl.constexpr(gl.DotOperandLayout(operand_index=1, parent=ACC.value, k_width=2))
 WORDS = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[8, 0], [64, 0]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[128, 4]))
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[PAGE_TOKENS, GROUP_WORDS]))
 """A scale group's code words ``uint32 [128 tokens, 4]``: a thread holds word ``lane % 4`` of
 tokens ``lane // 4 + {0, 8, 64, 72} + 16 * warp``, the rows its A-operand registers hold
 (``mma.sync``'s A fragment: rows ``lane // 4`` and ``+ 8`` of each 16-row tile). Words, not
@@ -98,7 +107,7 @@ one thread, which takes them in warp order."""
 CODES = gl.constexpr(gl.DistributedLinearLayout(
     reg_bases=[[0, 1], [0, 2], [8, 0], [64, 0]],
     lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[128, 16]))
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[PAGE_TOKENS, GROUP_DATA_BYTES]))
 """The same words as bytes ``uint8 [128 tokens, 16]`` (byte ``4c + b`` is byte ``b`` of word
 ``c``), four to a thread: the decode's input."""
 
@@ -112,7 +121,7 @@ def word_bytes(words):
     b2, b3 = ((words >> 16) & 0xFF).to(tl.uint8), (words >> 24).to(tl.uint8)
     # join stacks on a new last axis: [N, W, 2 (byte bit 1), 2 (byte bit 0)]
     return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)),
-                      (words.shape[0], 4 * words.shape[1]))
+                      (words.shape[0], WORD_BYTES * words.shape[1]))
 
 
 @triton.jit
@@ -120,8 +129,8 @@ def token_order(half):
     """One nibble of each byte ``[N tokens, 16 bytes]`` -> ``[N, 16 virtual k]`` in
     ``key_column`` order (``k = 8 * b1 + 2 * c + b0`` for byte ``2 * b1 + b0`` of word
     ``c``). Plain ``triton.jit``, as :func:`word_bytes`."""
-    quads = tl.reshape(half, (half.shape[0], 4, 2, 2))  # [tok, c, b1, b0]
-    return tl.reshape(tl.permute(quads, (0, 2, 1, 3)), (half.shape[0], 16))
+    quads = tl.reshape(half, (half.shape[0], GROUP_WORDS, 2, 2))  # [tok, c, b1, b0]
+    return tl.reshape(tl.permute(quads, (0, 2, 1, 3)), (half.shape[0], GROUP_DATA_BYTES))
 
 
 @gluon.jit
@@ -141,10 +150,10 @@ def _query_operand(q_ptr, qrow, row_ok, g: gl.constexpr, nib: gl.constexpr,
     """The B operand ``fp16 [16 virtual k, 8 dot rows]`` of group ``g``'s ``nib`` dot: query
     element ``32 g + key_column(k, nib)`` of each dot row (zeros where not ``row_ok``); a bf16
     query rounded to e4m3 (``ROUND_Q``), an e4m3 one converted exactly."""
-    k = gl.arange(0, 16, layout=gl.SliceLayout(1, QUERY))
+    k = gl.arange(0, GROUP_DATA_BYTES, layout=gl.SliceLayout(1, QUERY))
     rows = gl.convert_layout(qrow, gl.SliceLayout(0, QUERY))
     ok = gl.convert_layout(row_ok, gl.SliceLayout(0, QUERY))
-    x = gl.load(q_ptr + rows[None, :] * 128 + 32 * g + key_column(k, nib)[:, None],
+    x = gl.load(q_ptr + rows[None, :] * HEAD_DIM + MX_BLOCK * g + key_column(k, nib)[:, None],
                 mask=ok[None, :], other=0.0)
     if ROUND_Q:
         return mxfp4.round_e4m3(x.to(gl.float32), True).to(gl.float16)
@@ -167,10 +176,11 @@ def _query_operands(q_ptr, qrow, row_ok, ROUND_Q: gl.constexpr):
 @gluon.jit
 def _group_words(page_ptr, ok, g: gl.constexpr):
     """Scale group ``g``'s code words of a page (:data:`WORDS`; zeros where not ``ok``)."""
-    tok = gl.arange(0, 128, layout=gl.SliceLayout(1, WORDS))
-    word = gl.arange(0, 4, layout=gl.SliceLayout(0, WORDS))
+    tok = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, WORDS))
+    word = gl.arange(0, GROUP_WORDS, layout=gl.SliceLayout(0, WORDS))
     words = page_ptr.to(gl.pointer_type(gl.uint32))
-    return gl.load(words + tok[:, None] * 16 + 4 * g + word[None, :], mask=ok, other=0)
+    return gl.load(words + tok[:, None] * TOKEN_WORDS + GROUP_WORDS * g + word[None, :], mask=ok,
+                   other=0)
 
 
 @gluon.jit
@@ -179,8 +189,8 @@ def _page_loads(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     ``reach``): the four groups' code words, the scale words, and whether the page is scored
     (``index_scores_triton._block_page``'s rule)."""
     page_ptr, ok = _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P)
-    tok = gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
-    scale_words = page_ptr.to(gl.pointer_type(gl.uint32)) + mxfp4.SCALE_OFFSET // 4
+    tok = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, ACC))
+    scale_words = page_ptr.to(gl.pointer_type(gl.uint32)) + mxfp4.PAGE_SCALE_OFFSET // WORD_BYTES
     scales = gl.load(scale_words + tok, mask=ok, other=0)
     return (_group_words(page_ptr, ok, 0), _group_words(page_ptr, ok, 1),
             _group_words(page_ptr, ok, 2), _group_words(page_ptr, ok, 3), scales, ok)
@@ -243,7 +253,7 @@ def _quad_lanes():
     """:data:`_QUAD_LANES` as two int32 ``[128]`` tensors in ``SliceLayout(1, ACC)``, (lanes,
     own): values that differ between the lanes of a quad, so only the factors' PTX reads
     them."""
-    shape = gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
+    shape = gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, ACC))
     return gl.inline_asm_elementwise(_QUAD_LANES, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [shape],
                                      dtype=(gl.int32, gl.int32), is_pure=True, pack=4)
 
@@ -264,7 +274,7 @@ def _page_logits(page, qs, quad, j, pos, low):
     :func:`_quad_lanes`. ``low``: the smallest position of the selected rows; a block below it
     is seen whole by every one of them, so it takes no token mask."""
     c0, c1, c2, c3, scales, _ = page
-    zero = gl.zeros((128, MAX_DOT_ROWS), gl.float32, layout=ACC)
+    zero = gl.zeros((PAGE_TOKENS, MAX_DOT_ROWS), gl.float32, layout=ACC)
     lanes, own = quad
     f0, f1, f2, f3, factor = gl.inline_asm_elementwise(
         _OWN_FACTORS, _OWN_FACTOR_OPERANDS, [scales, own], dtype=(gl.float32,) * 5,
@@ -274,8 +284,8 @@ def _page_logits(page, qs, quad, j, pos, low):
     dots += _group_dot(c2, qs[4], qs[5], zero) * _quad_shared(f2, lanes)[:, None]
     dots += _group_dot(c3, qs[6], qs[7], zero) * _quad_shared(f3, lanes)[:, None]
     logits = _poison_infinite(dots * _quad_shared(factor, lanes)[:, None])
-    if j * 128 + 127 > low:
-        tok = j * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, ACC))
+    if j * PAGE_TOKENS + (PAGE_TOKENS - 1) > low:
+        tok = j * PAGE_TOKENS + gl.arange(0, PAGE_TOKENS, layout=gl.SliceLayout(1, ACC))
         logits = gl.where(tok[:, None] <= pos[None, :], logits, float("-inf"))
     return logits
 

@@ -73,6 +73,11 @@ def one_row_blocks(row_tiles: int, num_blocks: int, num_sms: int) -> int:
     return 2 if low * num_sms <= row_tiles * num_blocks < high * num_sms else 1
 
 
+TILE_DOT_ROWS_MAX = 128
+"""Dot rows (query rows times heads) of a tile at most: a prefill tile's warpgroup dots, and
+``index_prefill_gluon.TILE_ROWS``, which takes such a tile whole."""
+
+
 TILE_BLOCKS_MAX = 8
 """Blocks per program of a prefill-shaped tile at most: its query tile is loaded once for
 them, and its walk keeps the next block's page in flight (bench/history/2026-12-01.md, fifth
@@ -112,7 +117,7 @@ def plan(num_rows: int, num_heads: int, num_requests: int, num_blocks: int,
     the session of bench/history/ that measured it.
     """
     per_request = max(1, num_rows // max(1, num_requests))
-    rows = min(triton.next_power_of_2(per_request), max(1, 128 // num_heads))
+    rows = min(triton.next_power_of_2(per_request), max(1, TILE_DOT_ROWS_MAX // num_heads))
     m = max(16, triton.next_power_of_2(rows * num_heads))
     row_tiles = triton.cdiv(max(num_rows, 1), rows)
     blocks = 1

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from jax_mxfp4._src.triton import mxfp4, row_dot
+from jax_mxfp4._src.triton.mxfp4 import HEAD_DIM, MX_BLOCK, PAGE_TOKENS, TOKEN_WORDS, WORD_ELEMENTS
 
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)  # a NaN score survives the maxima across requests
 
@@ -31,7 +32,7 @@ def _query_columns(q_ptr, row, head, row_ok, first: tl.constexpr, WIDTH: tl.cons
     WIDTH]``: a bf16 query rounded to e4m3 (``ROUND_Q``), else (an e4m3 query, or a bf16 one
     kept as is for bf16 dots) converted exactly."""
     c = first + tl.arange(0, WIDTH)
-    ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * 128 + c[None, :]
+    ptrs = q_ptr + (row * H + head)[:, None].to(tl.int64) * HEAD_DIM + c[None, :]
     x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
     if ROUND_Q:
         return mxfp4.round_e4m3(x.to(tl.float32), PTX).to(DOT_DTYPE)
@@ -43,8 +44,8 @@ def _query_column(q_ptr, row, row_ok, j: tl.constexpr, ROUND_Q: tl.constexpr,
                   PTX: tl.constexpr):
     """Elements ``8w + WORD_ORDER[j]`` (``w`` = 0..15) of row ``row``'s query (one head) as
     fp32 ``[16]``, rounded as the dots would round them."""
-    e = tl.arange(0, 16) * 8 + mxfp4.WORD_ORDER[j]
-    x = tl.load(q_ptr + row.to(tl.int64) * 128 + e, mask=row_ok, other=0.0).to(tl.float32)
+    e = tl.arange(0, TOKEN_WORDS) * WORD_ELEMENTS + mxfp4.WORD_ORDER[j]
+    x = tl.load(q_ptr + row.to(tl.int64) * HEAD_DIM + e, mask=row_ok, other=0.0).to(tl.float32)
     return _rounded(x, ROUND_Q, PTX)
 
 
@@ -73,10 +74,12 @@ def _query_row(q_ptr, row, row_ok, ROUND_Q: tl.constexpr, PTX: tl.constexpr):
     split in registers; others element by element (:func:`_query_column`). Every program
     loads and rounds it, so this prologue is paid once per two blocks."""
     if q_ptr.dtype.element_ty == tl.bfloat16:
-        pair = tl.arange(0, 16)[:, None] * 4 + tl.arange(0, 4)[None, :]
-        first = q_ptr.to(tl.pointer_type(tl.uint32)) + row.to(tl.int64) * 64
+        word_pairs: tl.constexpr = WORD_ELEMENTS // 2  # a code word's elements as bf16 pairs
+        pair = (tl.arange(0, TOKEN_WORDS)[:, None] * word_pairs
+                + tl.arange(0, word_pairs)[None, :])
+        first = q_ptr.to(tl.pointer_type(tl.uint32)) + row.to(tl.int64) * (HEAD_DIM // 2)
         pairs = tl.load(first + pair, mask=row_ok, other=0)  # pair p: elements 8w + 2p, + 1
-        even, odd = tl.split(tl.reshape(pairs, (16, 2, 2)))  # pairs (0, 2) and (1, 3)
+        even, odd = tl.split(tl.reshape(pairs, (TOKEN_WORDS, 2, 2)))  # pairs (0, 2) and (1, 3)
         p0, p2 = tl.split(even)
         p1, p3 = tl.split(odd)
         e0, e1 = _bf16_halves(p0, ROUND_Q, PTX)
@@ -128,7 +131,7 @@ def _block_page(pool_ptr, table_ptr, req, reach, j, NB, W, P):
     """Block ``j``'s page of request ``req``: its address and whether it is scored (the block
     exists, a row reaches it: ``reach`` is the rows' largest position, -1 where none is live;
     the page id lies in ``[0, P)``). The one rule of the one-row and the prefetching walks."""
-    reached = (j < NB) & (j * 128 <= reach)
+    reached = (j < NB) & (j * PAGE_TOKENS <= reach)
     page = tl.load(table_ptr + tl.cast(req, tl.int64) * W + j, mask=reached, other=-1)
     ok = reached & (page >= 0) & (page < P)
     return pool_ptr + tl.where(ok, page, 0).to(tl.int64) * mxfp4.PAGE_BYTES, ok
@@ -144,7 +147,7 @@ def _row_block_max(q_row, words, scales, ok, pos0, j, INT_DOTS: tl.constexpr,
         dots += q_row[1]  # NaN where the query has a NaN
     else:
         dots, smax = mxfp4.row_logits(q_row, words, scales, PTX)
-    return row_logit_max(dots, smax, j * 128 + tl.arange(0, 128), pos0, ok)
+    return row_logit_max(dots, smax, j * PAGE_TOKENS + tl.arange(0, PAGE_TOKENS), pos0, ok)
 
 
 @triton.jit
@@ -218,10 +221,10 @@ def _folded_maxima(q, codes, scales, sel, pos, j, reach, low):
     SPEC §9.2, is found per row, not per element). ``reach`` and ``low``: the largest and
     the smallest position of the selected rows (the same for every block of a tile:
     :func:`_row_span`), so the whole-block test of block ``j`` takes no reduction."""
-    tok = j * 128 + tl.arange(0, 128)
+    tok = j * PAGE_TOKENS + tl.arange(0, PAGE_TOKENS)
     dots, expo, first_nan = mxfp4.folded_page_logits(q, codes, scales, tok <= reach)
-    return folded_row_maxima(dots, expo, j * 128 + first_nan, sel, pos, tok,
-                             j * 128 + 127 <= low, q.dtype == tl.float16)
+    return folded_row_maxima(dots, expo, j * PAGE_TOKENS + first_nan, sel, pos, tok,
+                             j * PAGE_TOKENS + (PAGE_TOKENS - 1) <= low, q.dtype == tl.float16)
 
 
 @triton.jit
@@ -283,7 +286,7 @@ def _page_maxima(q, q0, q1, q2, q3, codes, scales, sel, pos, j, reach, low,
     else:
         dots, expo = mxfp4.page_logits(q0, q1, q2, q3, codes, scales, PTX)
         best = _masked_maxima(mxfp4.mul_pow2(dots, expo[None, :]), sel, pos,
-                              j * 128 + tl.arange(0, 128))
+                              j * PAGE_TOKENS + tl.arange(0, PAGE_TOKENS))
     return best
 
 
@@ -315,7 +318,7 @@ def _tile_blocks(q, q0, q1, q2, q3, pool_ptr, table_ptr, out_base, req, pos, liv
     for jj in range(BLOCKS):
         j = first_block + jj
         best = tl.full((req.shape[0],), float("-inf"), tl.float32)
-        if (j < NB) & (j * 128 <= reach):
+        if (j < NB) & (j * PAGE_TOKENS <= reach):
             for req_r in range(req_lo, req_hi + 1):
                 best = tl.maximum(best, _tile_maxima(q, q0, q1, q2, q3, pool_ptr, table_ptr,
                                                      req, pos, live, j, req_r, W, P,
@@ -365,14 +368,17 @@ def index_scores_kernel(q_ptr, pool_ptr, table_ptr, pos_ptr, req_ptr, out_ptr, T
     row, head, row_ok, pos, req, live = tile_rows(tl.arange(0, M), first_row, pos_ptr,
                                                   req_ptr, T, B, H, ROWS)
     if FOLD:
-        q = _query_columns(q_ptr, row, head, row_ok, 0, 128, H, ROUND_Q, DOT_DTYPE, PTX)
+        q = _query_columns(q_ptr, row, head, row_ok, 0, HEAD_DIM, H, ROUND_Q, DOT_DTYPE, PTX)
         q0, q1, q2, q3 = q, q, q, q  # unused
     else:
-        q = tl.zeros((M, 128), DOT_DTYPE)  # unused
-        q0 = _query_columns(q_ptr, row, head, row_ok, 0, 32, H, ROUND_Q, DOT_DTYPE, PTX)
-        q1 = _query_columns(q_ptr, row, head, row_ok, 32, 32, H, ROUND_Q, DOT_DTYPE, PTX)
-        q2 = _query_columns(q_ptr, row, head, row_ok, 64, 32, H, ROUND_Q, DOT_DTYPE, PTX)
-        q3 = _query_columns(q_ptr, row, head, row_ok, 96, 32, H, ROUND_Q, DOT_DTYPE, PTX)
+        q = tl.zeros((M, HEAD_DIM), DOT_DTYPE)  # unused
+        q0 = _query_columns(q_ptr, row, head, row_ok, 0, MX_BLOCK, H, ROUND_Q, DOT_DTYPE, PTX)
+        q1 = _query_columns(q_ptr, row, head, row_ok, MX_BLOCK, MX_BLOCK, H, ROUND_Q,
+                            DOT_DTYPE, PTX)
+        q2 = _query_columns(q_ptr, row, head, row_ok, 2 * MX_BLOCK, MX_BLOCK, H, ROUND_Q,
+                            DOT_DTYPE, PTX)
+        q3 = _query_columns(q_ptr, row, head, row_ok, 3 * MX_BLOCK, MX_BLOCK, H, ROUND_Q,
+                            DOT_DTYPE, PTX)
     reach = tl.max(tl.where(live, pos, -1), axis=0)
     # The tile's requests: one in the common case (rows are request-major), so each block's
     # page is loaded once (in a prefill tile, the next block's while this one is scored).

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from jax_mxfp4._src.gpu import launch as launcher
 from jax_mxfp4._src.triton import triton_call
+from jax_mxfp4._src.triton.mxfp4 import PAGE_TOKENS  # tokens per block
 
 INT_MIN = tl.constexpr(-2147483648)
 NEG_INF_RANK = tl.constexpr(-2139095042)  # reference.select_blocks.NEG_INF_KEY
@@ -74,7 +75,7 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
     req = tl.load(req_ptr + row, mask=in_call, other=-1)
     live = (pos >= 0) & (req >= 0) & (req < B)
     pos = tl.where(live, pos, -1)
-    valid_1d = tl.where(pos >= 0, tl.minimum(pos // 128 + 1, NB), 0)
+    valid_1d = tl.where(pos >= 0, tl.minimum(pos // PAGE_TOKENS + 1, NB), 0)
     n_1d = tl.minimum(valid_1d, TOPK)  # the row's selections
     valid = valid_1d[:, None]
     init = tl.minimum(valid, init_blocks)
@@ -92,7 +93,7 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
     id_row = (h.to(tl.int64) * T + row) * TOPK
     tl.store(ids_ptr + id_row[:, None] + k, ids, mask=in_call[:, None] & (k < TOPK))
     # Attention order: the tail (the row's own block) moves behind the other selections.
-    self_block = tl.where(pos >= 0, pos // 128, -2)[:, None]
+    self_block = tl.where(pos >= 0, pos // PAGE_TOKENS, -2)[:, None]
     is_tail = (ids == self_block) & (ids >= 0)
     has_tail = tl.max(is_tail.to(tl.int32), axis=1) > 0
     order = tl.where(k < n, tl.where(is_tail, TAIL_RANK, best >> 32), INT_MIN)
@@ -102,10 +103,10 @@ def select_blocks_kernel(scores_ptr, table_ptr, pos_ptr, req_ptr, ids_ptr, pages
                    mask=ordered >= 0, other=0)
     out_row = (row.to(tl.int64) * H + h) * TOPK
     tl.store(pages_ptr + out_row[:, None] + k, page, mask=in_call[:, None] & (k < TOPK))
-    tail_tokens = pos % 128 + 1
+    tail_tokens = pos % PAGE_TOKENS + 1
     # min(n * 128, pos + 1), written so that pos = INT32_MAX does not wrap.
-    context = tl.where(has_tail, (n_1d - 1) * 128 + tail_tokens,
-                       tl.minimum(n_1d * 128 - 1, pos) + 1)
+    context = tl.where(has_tail, (n_1d - 1) * PAGE_TOKENS + tail_tokens,
+                       tl.minimum(n_1d * PAGE_TOKENS - 1, pos) + 1)
     tl.store(ctx_ptr + row.to(tl.int64) * H + h, tl.maximum(context, 0), mask=in_call)
 
 

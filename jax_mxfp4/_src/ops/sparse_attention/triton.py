@@ -32,6 +32,14 @@ from jax.core import ShapedArray
 from jax_mxfp4._src.core import formats, plans, scaling
 from jax_mxfp4._src.gpu import launch as launcher
 from jax_mxfp4._src.triton import mxfp4, triton_call
+from jax_mxfp4._src.triton.mxfp4 import (
+    GROUP_DATA_BYTES,
+    HEAD_DIM,
+    MX_BLOCK,
+    PAGE_TOKENS,
+    TOKEN_DATA_BYTES,
+    TOKEN_GROUPS,
+)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 PROPAGATE = tl.constexpr(tl.PropagateNan.ALL)
@@ -50,12 +58,12 @@ def _abs_max_bits(x):
 def _query_groups(q_ptr, qrow, ok, Q_IS_FP8: tl.constexpr, PTX: tl.constexpr):
     """The four query groups ``[GP, 32]`` as dot operands, and each row's scale exponent and
     mantissa (``q_scale = max(amax / 448, FLT_MIN)``; 1 for an e4m3 query)."""
-    c = tl.arange(0, 32)
-    base = q_ptr + qrow[:, None].to(tl.int64) * 128 + c[None, :]
+    c = tl.arange(0, MX_BLOCK)
+    base = q_ptr + qrow[:, None].to(tl.int64) * HEAD_DIM + c[None, :]
     x0 = tl.load(base, mask=ok[:, None], other=0.0)
-    x1 = tl.load(base + 32, mask=ok[:, None], other=0.0)
-    x2 = tl.load(base + 64, mask=ok[:, None], other=0.0)
-    x3 = tl.load(base + 96, mask=ok[:, None], other=0.0)
+    x1 = tl.load(base + MX_BLOCK, mask=ok[:, None], other=0.0)
+    x2 = tl.load(base + 2 * MX_BLOCK, mask=ok[:, None], other=0.0)
+    x3 = tl.load(base + 3 * MX_BLOCK, mask=ok[:, None], other=0.0)
     dot_dtype: tl.constexpr = tl.float16
     if Q_IS_FP8:
         expo = tl.zeros(qrow.shape, tl.int32)
@@ -114,15 +122,17 @@ def _store_output(o, out_ptr, scale_ptr, t, qh0, g, g_ok, HQ, MXFP8: tl.constexp
     qh = (qh0 + g).to(tl.int64)
     if MXFP8:
         # columns (nibble, group, byte): a 32-element block is [:, :, b, :]
-        values, sb = _mxfp8_blocks(tl.reshape(ob, (g.shape[0], 2, 4, 16)), PTX)
-        values = tl.reshape(values, (g.shape[0], 128))
-        vptr = out_ptr + t.to(tl.int64) * HQ * 128 + qh[:, None] * 128 + d[None, :]
+        blocks = tl.reshape(ob, (g.shape[0], 2, TOKEN_GROUPS, GROUP_DATA_BYTES))
+        values, sb = _mxfp8_blocks(blocks, PTX)
+        values = tl.reshape(values, (g.shape[0], HEAD_DIM))
+        vptr = out_ptr + t.to(tl.int64) * HQ * HEAD_DIM + qh[:, None] * HEAD_DIM + d[None, :]
         tl.store(vptr, values, mask=g_ok[:, None])
-        c = tl.arange(0, 4)
-        sptr = scale_ptr + t.to(tl.int64) * HQ * 4 + qh[:, None] * 4 + c[None, :]
+        c = tl.arange(0, TOKEN_GROUPS)
+        sptr = (scale_ptr + t.to(tl.int64) * HQ * TOKEN_GROUPS + qh[:, None] * TOKEN_GROUPS
+                + c[None, :])
         tl.store(sptr, sb.to(tl.uint8), mask=g_ok[:, None])
     else:
-        ptr = out_ptr + (t.to(tl.int64) * HQ + qh)[:, None] * 128 + d[None, :]
+        ptr = out_ptr + (t.to(tl.int64) * HQ + qh)[:, None] * HEAD_DIM + d[None, :]
         tl.store(ptr, ob, mask=g_ok[:, None])
 
 
@@ -134,28 +144,29 @@ def page_offset(table_ptr, r, h, p, ctx, HKV, P, NPAGES):
     # The table entry is masked by the table width, not by the context: its load does not
     # wait for the context's, and both are in flight together.
     page = tl.load(table_ptr + r.to(tl.int64) * NPAGES + p, mask=p < NPAGES, other=-1)
-    ok = (p * 128 < ctx) & (page >= 0) & (page < P)
+    ok = (p * PAGE_TOKENS < ctx) & (page >= 0) & (page < P)
     return ok, (tl.where(ok, page, 0).to(tl.int64) * HKV + h) * mxfp4.PAGE_BYTES
 
 
 @triton.jit
 def _page_bytes(k_ptr, v_ptr, ok, base):
     """Issue every load of the page at byte offset ``base`` that :func:`page_offset` gave
-    (K codes and scales, V codes and scales) and return the raw bytes with whether the page
-    holds live tokens: a page that is not loads nothing and is skipped."""
+    (K codes and scales, V codes and scales) and return whether the page holds live tokens
+    (a page that does not loads nothing and is skipped) and its raw bytes, ``(keys, k_scales,
+    v_words, v_scales)`` with ``keys`` the four groups' code bytes (``mxfp4.split_groups``)."""
     # Every load first, then the keys' layout change: ptxas issues no load after a shared
     # store of loaded data, so with the keys split first the values' loads waited for the
     # keys' bytes to arrive (one more round trip on a short call's path).
     k_codes, k_scales = mxfp4.page_bytes(k_ptr + base, ok)
     v_words, v_scales = mxfp4.page_bytes(v_ptr + base, ok)
-    k0, k1, k2, k3 = mxfp4.split_groups(k_codes)
-    return ok, k0, k1, k2, k3, k_scales, v_words, v_scales
+    return ok, (mxfp4.split_groups(k_codes), k_scales, v_words, v_scales)
 
 
 @triton.jit
-def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
+def _page_dots(q_groups, keys, scales, live, PTX: tl.constexpr):
     """A page's relative logits ``dots f32 [GP, 128]`` and one exponent for the whole page:
-    ``q . k = dots * 2**exponent`` (int32 scalar) for every live token.
+    ``q . k = dots * 2**exponent`` (int32 scalar) for every live token, from the query's four
+    groups (:func:`_query_groups`) and the keys' (:func:`_page_bytes`).
 
     Each scale group's dot is scaled by ``2**(byte - ref)``, ``ref`` the largest scale byte
     of the page's live tokens (NaN-key tokens, byte 255, set none), so the logit scaling
@@ -165,6 +176,8 @@ def _page_dots(q0, q1, q2, q3, b0, b1, b2, b3, scales, live, PTX: tl.constexpr):
     every other token's logit is the same number as with its own exponent (a power of two
     applied to every term of the same sums). NaN for a token with a byte-255 group (SPEC
     §1.3, §9.2); tokens that are not live may get any value (they are masked)."""
+    q0, q1, q2, q3 = q_groups
+    b0, b1, b2, b3 = keys
     s0, s1, s2, s3, smax = mxfp4.token_scales(scales)
     nan_keys = smax == mxfp4.NAN_BYTE
     ref = tl.max(tl.where(live & ~nan_keys, smax, 0), axis=0)
@@ -183,16 +196,20 @@ def _scaled_logits(dots, expo, q_mant, sm_scale):
 
 
 @triton.jit
-def _attend_page(q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, k_scales, v_words, v_scales,
-                 first_tok, ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok,
-                 PV_DTYPE: tl.constexpr, PTX: tl.constexpr):
-    """One page of the online softmax on its loaded bytes (:func:`_page_bytes`): returns the
-    updated ``(m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head dimensions). A
-    live logit that is not finite (a NaN key or query, an overflow) becomes NaN and its q
-    head's running max ``m_i`` NaN for good, in the one NaN-keeping max reduction the softmax
-    takes anyway (SPEC §9.2)."""
-    live = (first_tok + tl.arange(0, 128)) < ctx
-    dots, k_exp = _page_dots(q0, q1, q2, q3, k0, k1, k2, k3, k_scales, live, PTX)
+def _attend_page(query, page, state, first_tok, ctx, sm_scale, g_ok, PV_DTYPE: tl.constexpr,
+                 PTX: tl.constexpr):
+    """One page of the online softmax on its loaded bytes: ``query`` as :func:`_query_groups`
+    returns it (the four groups, each row's exponent and mantissa), ``page`` as
+    :func:`_page_bytes` does, its first token at ``first_tok`` of the row's ``ctx``, and the
+    running ``state = (m_i, l_i, acc_even, acc_odd)`` (the output's even and odd head
+    dimensions), returned updated. A live logit that is not finite (a NaN key or query, an
+    overflow) becomes NaN and its q head's running max ``m_i`` NaN for good, in the one
+    NaN-keeping max reduction the softmax takes anyway (SPEC §9.2)."""
+    q0, q1, q2, q3, q_exp, q_mant = query
+    keys, k_scales, v_words, v_scales = page
+    m_i, l_i, acc_even, acc_odd = state
+    live = (first_tok + tl.arange(0, PAGE_TOKENS)) < ctx
+    dots, k_exp = _page_dots((q0, q1, q2, q3), keys, k_scales, live, PTX)
     logits = _scaled_logits(dots, k_exp + q_exp, q_mant, sm_scale)
     seen = live[None, :] & g_ok[:, None]
     logits = tl.where(tl.abs(logits) == float("inf"), float("nan"), logits)
@@ -235,21 +252,21 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
     h = r % HKV
     g = tl.arange(0, GP)
     g_ok = g < G
-    ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * 128)
+    ctx = tl.minimum(tl.maximum(tl.load(ctx_ptr + r), 0), NPAGES * PAGE_TOKENS)
     # The context and the first page's id are asked for before the query, so that they are
     # there when the query's normalization ends and the page's loads go out (a page's loads
     # come after the query's arithmetic: Triton moves the bytes into other layouts right
     # after their load, which would wait for them first).
     ok, base = page_offset(table_ptr, r, h, s * PAGES, ctx, HKV, P, NPAGES)
     qrow = t.to(tl.int64) * HKV * G + h * G + g
-    q0, q1, q2, q3, q_exp, q_mant = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, PTX)
+    query = _query_groups(q_ptr, qrow, g_ok, Q_IS_FP8, PTX)
     m_i = tl.full((GP,), float("-inf"), tl.float32)
     l_i = tl.zeros((GP,), tl.float32)
-    acc_even = tl.zeros((GP, 64), tl.float32)  # head dimensions 0, 2, .., 126
-    acc_odd = tl.zeros((GP, 64), tl.float32)  # 1, 3, .., 127
+    acc_even = tl.zeros((GP, HEAD_DIM // 2), tl.float32)  # head dimensions 0, 2, .., 126
+    acc_odd = tl.zeros((GP, HEAD_DIM // 2), tl.float32)  # 1, 3, .., 127
     # Software-pipelined over the split's pages: page i + 1's bytes are in flight while page
     # i is computed (a program walks only PAGES pages, so this hides every load but the first).
-    ok, k0, k1, k2, k3, ks, vw, vs = _page_bytes(k_ptr, v_ptr, ok, base)
+    ok, page = _page_bytes(k_ptr, v_ptr, ok, base)
     for i in tl.static_range(PAGES):
         if i + 1 < PAGES:
             nxt_ok, nxt_base = page_offset(table_ptr, r, h, s * PAGES + i + 1, ctx, HKV, P,
@@ -257,16 +274,17 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
             nxt = _page_bytes(k_ptr, v_ptr, nxt_ok, nxt_base)
         if ok:
             m_i, l_i, acc_even, acc_odd = _attend_page(
-                q0, q1, q2, q3, q_exp, q_mant, k0, k1, k2, k3, ks, vw, vs, (s * PAGES + i) * 128,
-                ctx, sm_scale, m_i, l_i, acc_even, acc_odd, g_ok, PV_DTYPE, PTX)
+                query, page, (m_i, l_i, acc_even, acc_odd), (s * PAGES + i) * PAGE_TOKENS,
+                ctx, sm_scale, g_ok, PV_DTYPE, PTX)
         if i + 1 < PAGES:
-            ok, k0, k1, k2, k3, ks, vw, vs = nxt
+            ok, page = nxt
     # a q head that saw nothing outputs zeros; a poisoned one (NaN max) NaN
     seen, poisoned = (l_i > 0)[:, None], (m_i != m_i)[:, None]
     even = tl.where(poisoned, float("nan"), tl.where(seen, acc_even, 0.0))
     odd = tl.where(poisoned, float("nan"), tl.where(seen, acc_odd, 0.0))
     if SPLITS == 1:
-        o = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), (GP, 128))  # value_dims order
+        # value_dims order
+        o = tl.reshape(tl.permute(tl.join(even, odd), (0, 2, 1)), (GP, HEAD_DIM))
         _store_output(o, out_ptr, aux_ptr, t, h * G, g, g_ok, HKV * G, MXFP8, PTX)
     else:
         # the partial's columns in mxfp4.value_dims order: the even head dims, then the odd,
@@ -274,9 +292,10 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, out_ptr, aux_ptr, 
         part = (r.to(tl.int64) * SPLITS + s) * GP + g
         tl.store(m_ptr + part, m_i)
         tl.store(l_ptr + part, l_i)
-        d = tl.arange(0, 64)
-        tl.store(out_ptr + part[:, None] * 128 + d[None, :], even.to(tl.bfloat16))
-        tl.store(out_ptr + part[:, None] * 128 + 64 + d[None, :], odd.to(tl.bfloat16))
+        d = tl.arange(0, HEAD_DIM // 2)
+        tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], even.to(tl.bfloat16))
+        tl.store(out_ptr + part[:, None] * HEAD_DIM + HEAD_DIM // 2 + d[None, :],
+                 odd.to(tl.bfloat16))
 
 
 MERGE_IN_FLIGHT = tl.constexpr(16)
@@ -340,7 +359,7 @@ def merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.co
             part = first + (c + j) * GP + g
             m_p = tl.load(m_ptr + part, mask=ok, other=float("-inf"))
             l_p = tl.load(l_ptr + part, mask=ok, other=0.0)
-            o_p = tl.load(o_ptr + part * 128 + cols[None, :], mask=ok, other=0.0)
+            o_p = tl.load(o_ptr + part * HEAD_DIM + cols[None, :], mask=ok, other=0.0)
             w = _split_weight(m_p, l_p, safe_m) * inv_total
             out += w * o_p.to(tl.float32)
     return tl.where(poisoned > 0, float("nan"), out)
@@ -367,7 +386,7 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     poisoned = tl.zeros((GP, cols.shape[0]), tl.int1)
     top = tl.full((GP, 1), float("-inf"), tl.float32)
     for j in tl.static_range(SPLITS):
-        o_j = tl.load(o_ptr + (part + j * GP) * 128 + cols[None, :])
+        o_j = tl.load(o_ptr + (part + j * GP) * HEAD_DIM + cols[None, :])
         m_j = tl.load(m_ptr + part + j * GP)
         l_j = tl.load(l_ptr + part + j * GP)
         poisoned = poisoned | (m_j != m_j) | (o_j != o_j)
@@ -383,7 +402,7 @@ def _merge_in_flight(o_ptr, m_ptr, l_ptr, r, cols, GP: tl.constexpr, SPLITS: tl.
     for j in tl.static_range(SPLITS):
         m_j = tl.load(m_ptr + part + j * GP)
         l_j = tl.load(l_ptr + part + j * GP)
-        o_j = tl.load(o_ptr + (part + j * GP) * 128 + cols[None, :])
+        o_j = tl.load(o_ptr + (part + j * GP) * HEAD_DIM + cols[None, :])
         w = _split_weight(m_j, l_j, top) * inv_total
         out += w * o_j.to(tl.float32)
     return tl.where(poisoned, float("nan"), out)
@@ -400,21 +419,23 @@ def reduce_kernel(o_ptr, m_ptr, l_ptr, out_ptr, aux_ptr, G: tl.constexpr,
     g = tl.arange(0, GP)
     g_ok = g < G
     nibble = tl.arange(0, 2)[:, None]
-    byte = tl.program_id(1) * BLOCKS * 16 + tl.arange(0, BLOCKS * 16)[None, :]
+    byte = (tl.program_id(1) * BLOCKS * GROUP_DATA_BYTES
+            + tl.arange(0, BLOCKS * GROUP_DATA_BYTES)[None, :])
     # value order (mxfp4.value_dims): two runs of BLOCKS * 16 columns, loaded in 16-byte pieces
-    cols = tl.reshape(nibble * 64 + byte, (BLOCKS * 32,))
-    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCKS * 16), BLOCKS * 16)
-    dims = tl.reshape(2 * byte + nibble, (BLOCKS * 32,))
+    cols = tl.reshape(nibble * TOKEN_DATA_BYTES + byte, (BLOCKS * MX_BLOCK,))
+    cols = tl.max_contiguous(tl.multiple_of(cols, BLOCKS * GROUP_DATA_BYTES),
+                             BLOCKS * GROUP_DATA_BYTES)
+    dims = tl.reshape(2 * byte + nibble, (BLOCKS * MX_BLOCK,))
     out = merge_partials(o_ptr, m_ptr, l_ptr, r, cols, GP, SPLITS).to(tl.bfloat16)
     row = (r.to(tl.int64) * G + g)[:, None]  # q head rows [GP, 1] (row r = t * Hkv + h)
     if MXFP8:
-        values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, 16)), PTX)
-        tl.store(out_ptr + row * 128 + dims[None, :], tl.reshape(values, (GP, BLOCKS * 32)),
-                 mask=g_ok[:, None])
+        values, sb = _mxfp8_blocks(tl.reshape(out, (GP, 2, BLOCKS, GROUP_DATA_BYTES)), PTX)
+        tl.store(out_ptr + row * HEAD_DIM + dims[None, :],
+                 tl.reshape(values, (GP, BLOCKS * MX_BLOCK)), mask=g_ok[:, None])
         block = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)[None, :]
-        tl.store(aux_ptr + row * 4 + block, sb.to(tl.uint8), mask=g_ok[:, None])
+        tl.store(aux_ptr + row * TOKEN_GROUPS + block, sb.to(tl.uint8), mask=g_ok[:, None])
     else:
-        tl.store(out_ptr + row * 128 + dims[None, :], out, mask=g_ok[:, None])
+        tl.store(out_ptr + row * HEAD_DIM + dims[None, :], out, mask=g_ok[:, None])
 
 
 REDUCE_BLOCKS = 1
@@ -428,7 +449,7 @@ shape never follows the number of rows (batch invariance)."""
 def reduce_grid(rows: int, blocks: int | None = None) -> tuple[int, int, int]:
     """``reduce_kernel``'s grid for ``rows`` rows at ``blocks`` MXFP8 blocks per program
     (default :data:`REDUCE_BLOCKS`, read when called): a 128-dimension head has 4 blocks."""
-    return (rows, 4 // (blocks or REDUCE_BLOCKS), 1)
+    return (rows, formats.TOKEN_GROUPS // (blocks or REDUCE_BLOCKS), 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -510,8 +531,8 @@ def lower(ctx, call, q, k_pool, v_pool, pages, context):
             nulls=nulls, num_warps=layout.num_warps)
         return launcher.emit(ctx, launch, operands, call.avals_in, call.avals_out)
     parts = rows * layout.splits * layout.gp
-    part_avals = (ShapedArray((parts * 128,), jnp.bfloat16), ShapedArray((parts,), jnp.float32),
-                  ShapedArray((parts,), jnp.float32))
+    part_avals = (ShapedArray((parts * formats.HEAD_DIM,), jnp.bfloat16),
+                  ShapedArray((parts,), jnp.float32), ShapedArray((parts,), jnp.float32))
     launch = _partials_launch(call, layout, grid, inputs, scalars, constants, part_avals)
     partials = launcher.emit(ctx, launch, operands, call.avals_in, part_avals)
     merge = triton_call.launch(

@@ -25,6 +25,14 @@ from jax.interpreters import mlir
 from jax_mxfp4._src.core.formats import ROUND_MODE_CODES
 from jax_mxfp4._src.gpu import launch as launcher
 from jax_mxfp4._src.triton import mxfp4, triton_call
+from jax_mxfp4._src.triton.mxfp4 import (
+    GROUP_DATA_BYTES,
+    HEAD_DIM,
+    PAGE_TOKENS,
+    TOKEN_DATA_BYTES,
+    TOKEN_GROUPS,
+    TOKEN_SCALE_BYTES,
+)
 
 
 @triton.jit
@@ -67,7 +75,7 @@ def claim_kernel(slots_ptr, keys_ptr, winners_ptr, T, P, TABLE_BITS: tl.constexp
     of ``slots s32[T]`` gets an entry, and its winner is the largest row index naming it."""
     t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     slot = tl.load(slots_ptr + t, mask=t < T, other=-1)
-    pending = (t < T) & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
+    pending = (t < T) & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * PAGE_TOKENS)
     h = _slot_hash(slot, TABLE_BITS)
     while tl.max(pending.to(tl.int32), axis=0) > 0:
         at = tl.where(pending, h, 1 << TABLE_BITS)
@@ -115,7 +123,7 @@ def writable_slots(slots_ptr, keys_ptr, winners_ptr, t, T, P, TABLE_BITS: tl.con
     (the short writes' scan, ``TABLE_BITS == 0``, or ``claim_kernel``'s winner)."""
     in_call = t < T
     slot = tl.load(slots_ptr + t, mask=in_call, other=-1)
-    ok = in_call & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * 128)
+    ok = in_call & (slot >= 0) & (slot.to(tl.int64) < P.to(tl.int64) * PAGE_TOKENS)
     if TABLE_BITS == 0:
         ok = ok & _is_last(slots_ptr, t, tl.where(ok, slot, -1), T, SCAN_ROWS)
     else:
@@ -135,26 +143,28 @@ def write_cache_kernel(pool_ptr, x_ptr, slots_ptr, keys_ptr, winners_ptr, out_pt
     # The rows' values are loaded with their slots, not after the slot checks: a row of the
     # call is always inside x, and only the stores below wait for the checks (one dependent
     # round trip fewer before the arithmetic).
-    i = tl.arange(0, 64)
-    src = x_ptr + rr.to(tl.int64)[:, None] * 128 + 2 * i[None, :]
+    i = tl.arange(0, TOKEN_DATA_BYTES)
+    src = x_ptr + rr.to(tl.int64)[:, None] * HEAD_DIM + 2 * i[None, :]
     lo = tl.load(src, mask=(t < T)[:, None], other=0.0).to(tl.int16, bitcast=True)
     hi = tl.load(src + 1, mask=(t < T)[:, None], other=0.0).to(tl.int16, bitcast=True)
     slot, ok = writable_slots(slots_ptr, keys_ptr, winners_ptr, t, T, P, TABLE_BITS)
     lo = lo.to(tl.int32) << 16
     hi = hi.to(tl.int32) << 16
-    amax = tl.maximum(tl.reshape(lo & 0x7FFFFFFF, (ROWS, 4, 16)),
-                      tl.reshape(hi & 0x7FFFFFFF, (ROWS, 4, 16)))
+    # the even (odd) elements by scale group: [ROWS, 4, 16]
+    amax = tl.maximum(tl.reshape(lo & 0x7FFFFFFF, (ROWS, TOKEN_GROUPS, GROUP_DATA_BYTES)),
+                      tl.reshape(hi & 0x7FFFFFFF, (ROWS, TOKEN_GROUPS, GROUP_DATA_BYTES)))
     byte = _scale_byte(tl.max(amax, axis=2), ROUND)  # [ROWS, 4]
-    per = tl.reshape(tl.broadcast_to(byte[:, :, None], (ROWS, 4, 16)), (ROWS, 64))
+    per = tl.reshape(tl.broadcast_to(byte[:, :, None], (ROWS, TOKEN_GROUPS, GROUP_DATA_BYTES)),
+                     (ROWS, TOKEN_DATA_BYTES))
     packed = _codes(lo, per) | (_codes(hi, per) << 4)
-    page = slot.to(tl.int64) // 128
-    off = slot.to(tl.int64) % 128
+    page = slot.to(tl.int64) // PAGE_TOKENS
+    off = slot.to(tl.int64) % PAGE_TOKENS
     base = out_ptr + (page * H + h) * mxfp4.PAGE_BYTES
-    tl.store(base[:, None] + off[:, None] * 64 + i[None, :], packed.to(tl.uint8),
+    tl.store(base[:, None] + off[:, None] * TOKEN_DATA_BYTES + i[None, :], packed.to(tl.uint8),
              mask=ok[:, None])
-    c = tl.arange(0, 4)
-    tl.store(base[:, None] + mxfp4.SCALE_OFFSET + off[:, None] * 4 + c[None, :], byte.to(tl.uint8),
-             mask=ok[:, None])
+    c = tl.arange(0, TOKEN_SCALE_BYTES)
+    tl.store(base[:, None] + mxfp4.PAGE_SCALE_OFFSET + off[:, None] * TOKEN_SCALE_BYTES
+             + c[None, :], byte.to(tl.uint8), mask=ok[:, None])
 
 
 def table_bits(num_tokens: int) -> int:
