@@ -212,7 +212,7 @@ def _kernarg(entries: list, names: list[str], where: str) -> tuple:
             try:
                 struct.pack(KERNARG_FORMATS[kind], value)
             except struct.error as exc:
-                raise BundleError(f"{at} {value!r} is not a {kind} ({exc})") from None
+                raise BundleError(f"{at} {value!r} does not fit an {kind} ({exc})") from None
         checked.append((kind, value))
     return tuple(checked)
 
@@ -282,7 +282,8 @@ def buffer_spec(name: str, array: np.ndarray, *, writable: bool, output_only: bo
     integer = np.issubdtype(array.dtype, np.integer) or array.dtype == np.bool_
     limit = INDEX_VALUES_LIMIT if integer and array.dtype.itemsize >= 4 else DATA_VALUES_LIMIT
     if array.nbytes <= limit:
-        values = array.tolist() if integer else array.astype(np.float64).tolist()
+        with np.errstate(invalid="ignore"):  # NaNs (an uninitialized output's) convert as NaN
+            values = array.tolist() if integer else array.astype(np.float64).tolist()
         if not integer and not _survives(values, array):
             bits = array.view(f"uint{8 * array.dtype.itemsize}")
             spec.update(dtype=bits.dtype.name, values=bits.tolist())
@@ -302,7 +303,8 @@ def buffer_spec(name: str, array: np.ndarray, *, writable: bool, output_only: bo
 
 def _survives(values: list, array: np.ndarray) -> bool:
     """Whether ``values`` read back through JSON give ``array``'s bits."""
-    back = np.asarray(json.loads(json.dumps(values)), array.dtype)
+    with np.errstate(invalid="ignore"):
+        back = np.asarray(json.loads(json.dumps(values)), array.dtype)
     return back.tobytes() == array.tobytes()
 
 

@@ -234,6 +234,9 @@ def _dump(state: _Dumping, image: bytes, asm: str, kernel, grid, block, shared: 
     number = len(state.written) + 1
     what = (f"{state.what}: " if state.what else "") + (
         f"jax_mxfp4 emulated launch {number}, {kernel.symbol}")
+    if _PROFILING and _PROFILING[-1].workgroups is not None:
+        what += (f" (dumped under a profile that runs {_PROFILING[-1].workgroups} workgroups "
+                 "a launch: what earlier launches wrote into its inputs is incomplete)")
     folder = write_bundle(state.directory / f"{number:02d}_{kernel.symbol}", what=what,
                           asm=asm, code_object=image, symbol=kernel.symbol,
                           arch=kernel.program.arch, grid=grid, block=block, dynamic_lds=shared,
