@@ -130,7 +130,8 @@ def test_kernarg_list_packs_back_to_the_segment():
     segment = emulated.kernarg_bytes(args, 40, (3, 1, 1), (256, 1, 1), params)
     entries = emulated.kernarg_list(args, segment, params, {0x5000: "pool"})
     assert entries[:4] == [["i32", -3], ["u32", 0], ["ptr", "pool"], ["f32", 0.125]]
-    assert entries[4:] == [["u32", 0], ["u32", 0x9000], ["u32", 0], ["u32", 3], ["u32", 256 | 1 << 16]]
+    assert entries[4:] == [["u32", 0], ["u32", 0x9000], ["u32", 0], ["u32", 3],
+                           ["u32", 256 | 1 << 16]]
     assert pack_kernarg(entries, {"pool": 0x5000}) == segment
 
 
@@ -172,4 +173,4 @@ def test_argument_errors_name_the_argument():
                         (["--json"], "--json: only with --launch"),
                         (["--launch", ".", "--dump-launch", "x"], "--dump-launch")):
         status, out, err = _cli("emulate", *argv)
-        assert status == 2 and err.count("\n") == 1 and words in err, (argv, err)
+        assert status == 2 and out == "" and err.count("\n") == 1 and words in err, (argv, err)
