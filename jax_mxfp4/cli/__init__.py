@@ -69,7 +69,10 @@ def _emulate(subparsers) -> None:
         "and LDS bytes and an estimated MI355X time from a simple roofline model (an "
         "estimate, not a measurement; the model and what it leaves out: "
         "cdna_emulator/README.md), beside the seed's measured MI355X times for the "
-        "prefill scorer cells.",
+        "prefill scorer cells. --dump-launch DIR writes each of those launches as a launch "
+        "bundle; --launch DIR runs one bundle (ours, or aiter's calibration kernels) with "
+        "every workgroup or a --workgroups sample, and --json ends its output with one JSON "
+        "object.",
     )
     emulate_profile.add_arguments(parser)
     parser.set_defaults(run=emulate_profile.run_from_args)

@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import dataclasses
 import functools
+from pathlib import Path
 
 import numpy as np
 
@@ -126,6 +127,123 @@ def profiled(workgroups: int | None = None):
         _PROFILING.remove(state)
 
 
+@dataclasses.dataclass
+class _Dumping:
+    directory: Path
+    what: str
+    written: list
+
+
+_DUMPING: list[_Dumping] = []  # the innermost dumped() block last (process-wide, as above)
+
+
+@contextlib.contextmanager
+def dumped(directory, what: str = ""):
+    """Write every emulated launch inside the block as a launch bundle
+    (``cdna_emulator.bundle``: the code object, its assembly and ``launch.json``) into
+    ``directory/<nn>_<symbol>/``, before it runs; yields the list of folders written. Each
+    bundle holds the launch's grid, block, LDS bytes, its kernel-argument segment as the
+    runtime built it (explicit arguments typed, hidden ones and padding as ``u32`` words) and
+    its buffers (operands, then results; an aliased pair is one buffer, named after the
+    result): their values where small (every integer metadata buffer up to 4 MiB, so the
+    bundle runs the same control flow), else a fill that each buffer's ``contents`` names.
+    ``what`` is prefixed to each bundle's description (the benchmark cell, say)."""
+    state = _Dumping(Path(directory), what, [])
+    _DUMPING.append(state)
+    try:
+        yield state.written
+    finally:
+        _DUMPING.remove(state)
+
+
+def kernarg_list(args, segment: bytes, params, names: dict[int, str]) -> list:
+    """A kernarg segment as a launch bundle's ``[type, value]`` list, which packs back to the
+    same bytes: each explicit argument (``args``: ``(offset, size, value_kind)``, ``params``:
+    the launcher's ``(kind, slot)``) as its type, a buffer pointer as ``["ptr", name]``
+    (``names``: buffer address -> bundle name), every other 4 bytes (hidden arguments, the
+    padding before an 8-byte argument, a pointer to no mapped buffer) as a ``u32`` word."""
+    explicit = [a for a in args if not a[2].startswith("hidden_")]
+    at = {offset: (width, kind, slot)
+          for (offset, width, _), (kind, slot) in zip(explicit, params, strict=True)}
+    padded = segment + bytes(-len(segment) % 4)
+    entries, pos = [], 0
+    while pos < len(padded):
+        width, kind, slot = at.get(pos, (4, None, None))
+        raw = padded[pos:pos + width]
+        if width == 8 and kind == launch.BUFFER and slot in names:
+            entries.append(["ptr", names[slot]])
+        elif width == 8 and kind == launch.I64:
+            entries.append(["i64", int.from_bytes(raw, "little", signed=True)])
+        elif width == 4 and kind == launch.I32:
+            entries.append(["i32", int.from_bytes(raw, "little", signed=True)])
+        elif width == 4 and kind == launch.F32 and np.isfinite(np.frombuffer(raw, "<f4")[0]):
+            entries.append(["f32", float(np.frombuffer(raw, "<f4")[0])])
+        else:
+            width = 4
+            entries.append(["u32", int.from_bytes(padded[pos:pos + 4], "little")])
+        pos += width
+    return entries
+
+
+def _typed(view: np.ndarray, declared, index: int) -> tuple[str, np.ndarray]:
+    """(name, array) of buffer ``index``: the kernel parameter's name and the array the
+    lowering declared (``declared``: ``gpu.launch.buffers_of``) where they are known and fit
+    its size, else no name and int32 words (bytes where the size is no multiple of 4)."""
+    if declared is not None and len(declared) > index:
+        name, shape, dtype = declared[index]
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == view.size:
+            return name, view.view(dtype).reshape(shape)
+    return "", view.view(np.int32) if view.size % 4 == 0 else view
+
+
+def _bundle_buffers(buffers, declared) -> tuple[list[dict], dict[int, str]]:
+    """(``launch.json`` buffer entries, bundle name at each address) of a launch's
+    ``(address, size, result)`` buffers: one entry per distinct mapped address, named after
+    the kernel parameter that receives it (else ``operand<i>`` / ``result<j>``)."""
+    from cdna_emulator.bundle import buffer_spec
+
+    operands = sum(not result for _, _, result in buffers)
+    outputs = {address for address, size, result in buffers if result and size}
+    inputs = {address for address, size, result in buffers if not result and size}
+    specs, names = [], {}
+    for index, (address, size, result) in enumerate(buffers):
+        if not size or address in names or (not result and address in outputs):
+            continue  # empty, seen, or an operand its aliased result stands for
+        name, array = _typed(_host_view(address, size), declared, index)
+        if not name or name in names.values():
+            name = f"result{index - operands}" if result else f"operand{index}"
+        names[address] = name
+        specs.append(buffer_spec(name, array, writable=bool(result), seed=len(specs),
+                                 output_only=bool(result) and address not in inputs))
+    return specs, names
+
+
+def _dump(state: _Dumping, image: bytes, asm: str, kernel, grid, block, shared: int,
+          params, buffers, info, kernarg: bytes) -> None:
+    """Write one launch as a bundle (see :func:`dumped`), checking that its kernel-argument
+    list packs back to the segment the launch runs with."""
+    from cdna_emulator.bundle import pack_kernarg, write_bundle
+
+    declared = launch.buffers_of(image, kernel.symbol, grid, params)
+    specs, names = _bundle_buffers(buffers, declared)
+    entries = kernarg_list(info.args, kernarg, params, names)
+    if pack_kernarg(entries, {n: a for a, n in names.items()}) != kernarg + bytes(
+            -len(kernarg) % 4):
+        raise RuntimeError(f"{kernel.symbol}: the bundle's kernel arguments do not pack back "
+                           "to the launch's kernarg segment")
+    number = len(state.written) + 1
+    what = (f"{state.what}: " if state.what else "") + (
+        f"jax_mxfp4 emulated launch {number}, {kernel.symbol}")
+    if _PROFILING and _PROFILING[-1].workgroups is not None:
+        what += (f" (dumped under a profile that runs {_PROFILING[-1].workgroups} workgroups "
+                 "a launch: what earlier launches wrote into its inputs is incomplete)")
+    folder = write_bundle(state.directory / f"{number:02d}_{kernel.symbol}", what=what,
+                          asm=asm, code_object=image, symbol=kernel.symbol,
+                          arch=kernel.program.arch, grid=grid, block=block, dynamic_lds=shared,
+                          buffers=specs, kernarg=entries)
+    state.written.append(folder)
+
+
 def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers) -> None:
     """Run one launch of the launcher's CPU form (see the module docstring); raises with the
     emulator's report on a fault."""
@@ -145,6 +263,9 @@ def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers
             memory.map(address, _host_view(address, size), writable=bool(result),
                        name=f"buffer {index}")
     kernarg = kernarg_bytes(info.args, info.kernarg_size, grid, block, params)
+    if _DUMPING:
+        _dump(_DUMPING[-1], image, asm, kernel, grid, block, shared, params, buffers, info,
+              kernarg)
     state = _PROFILING[-1] if _PROFILING else None
     report = emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
                           kernarg=kernarg, memory=memory, arch=kernel.program.arch,
@@ -153,4 +274,5 @@ def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers
         state.profiles.append(emulator.profile(report))
 
 
-__all__ = ["EMULATED", "emulate", "install", "kernarg_bytes", "profiled"]
+__all__ = ["EMULATED", "dumped", "emulate", "install", "kernarg_bytes", "kernarg_list",
+           "profiled"]

@@ -61,7 +61,8 @@ def compiled(co) -> Compiled:
                         for s in co.kernarg_layout)
     return Compiled(code=co.hsaco, symbol=co.symbol, shared_mem=0, num_warps=block // WAVE,
                     warp_size=WAVE, param_types=param_types,
-                    code_hash=f"{co.content_hash}-{digest}", isa=co.isa)
+                    code_hash=f"{co.content_hash}-{digest}", isa=co.isa,
+                    param_names=tuple(s.name for s in co.kernarg_layout))
 
 
 _SCALAR = {"i32": (np.int32, launcher.i32), "f32": (np.float32, launcher.f32),

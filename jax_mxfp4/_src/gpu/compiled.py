@@ -19,6 +19,8 @@ class Compiled:
     param_types: tuple[str, ...]  # the runtime args, then the Triton scratch pointers
     code_hash: str
     isa: str = ""  # the AMDGPU assembly of a ROCm code object (what the CDNA emulator runs)
+    param_names: tuple[str, ...] = ()  # each parameter's name, where the toolchain gives them
+    # (FlyDSL's kernarg layout): launch bundles name their buffers with them
 
     @property
     def block(self) -> tuple[int, int, int]:

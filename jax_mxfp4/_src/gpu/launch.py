@@ -181,6 +181,44 @@ def _record_assembly(launch: Launch) -> None:
         _ASSEMBLY.setdefault(hashlib.sha256(launch.kernel.code).hexdigest(), launch.kernel.isa)
 
 
+_BUFFERS: dict[tuple, tuple] = {}
+
+
+def _launch_key(code: bytes, symbol: str, grid, kinds_and_values) -> tuple:
+    """What identifies a launch both at lowering (a :class:`Param` value) and when the
+    launcher runs it (a packed 8-byte slot): the code, symbol, grid and each parameter's
+    kind, with the scalars' bits (a buffer's index and address differ, so they are left out)."""
+    bits = {I32: 0xFFFFFFFF, F32: 0xFFFFFFFF, I64: 0xFFFFFFFFFFFFFFFF}
+    params = tuple((kind, value & bits[kind] if kind in bits else None)
+                   for kind, value in kinds_and_values)
+    return hashlib.sha256(code).hexdigest(), symbol, tuple(int(g) for g in grid), params
+
+
+def _record_buffers(launch: Launch, operand_avals, result_avals) -> None:
+    """Keep a ROCm launch's buffer names, shapes and dtypes (:func:`buffers_of`)."""
+    if not launch.kernel.isa:
+        return
+    avals = (*operand_avals, *result_avals)
+    names = [""] * len(avals)
+    # Triton's code objects carry no names (param_names is empty): no strict zip
+    for param, name in zip(launch.params, launch.kernel.param_names, strict=False):
+        if param.kind == BUFFER and not names[param.value]:
+            names[param.value] = name
+    key = _launch_key(launch.kernel.code, launch.kernel.symbol, launch.grid,
+                      [(p.kind, p.value) for p in launch.params])
+    _BUFFERS[key] = tuple((name, tuple(a.shape), np.dtype(a.dtype))
+                          for name, a in zip(names, avals, strict=True))
+
+
+def buffers_of(code: bytes, symbol: str, grid, params) -> tuple | None:
+    """``(name, shape, dtype)`` of each buffer (operands, then results) of a ROCm launch this
+    process lowered, found from what the launcher hands the emulator (``params``: its
+    ``(kind, slot)`` pairs); the name is the kernel parameter that receives the buffer (``""``
+    where the toolchain names none). ``None`` when no lowering matches. The launcher itself
+    passes each buffer's address and size only: a launch bundle reads better with these."""
+    return _BUFFERS.get(_launch_key(code, symbol, grid, params))
+
+
 def call(launch: Launch, operands: Sequence, result_avals: Sequence) -> list:
     """``launch`` as one launcher custom call on ``operands`` outside any lowering rule
     (``jax.ffi.ffi_call``, under ``jax.jit`` or eagerly): how a probe kernel that belongs to no
@@ -202,6 +240,7 @@ def emit(ctx, launch: Launch, operands: Sequence, operand_avals: Sequence,
     """
     register_gpu_targets()
     _record_assembly(launch)
+    _record_buffers(launch, operand_avals, result_avals)
     sub = ctx.replace(avals_in=list(operand_avals), avals_out=list(result_avals))
     rule = jax.ffi.ffi_lowering(TARGET, operand_output_aliases=aliases)
     pairs = [i for pair in sorted((aliases or {}).items()) for i in pair]
@@ -216,6 +255,7 @@ __all__ = [
     "Param",
     "assembly_of",
     "buffer",
+    "buffers_of",
     "cache_stats",
     "call",
     "emit",
