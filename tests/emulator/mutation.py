@@ -308,9 +308,9 @@ def build(kernel_dir: Path | None) -> dict:
 
     if kernel_dir is not None:
         os.environ["JAX_MXFP4_KERNEL_DIR"] = str(kernel_dir)
-        return {co.symbol: co for co in build_all("gfx950", None, progress=False)}
-    os.environ.pop("JAX_MXFP4_KERNEL_DIR", None)
-    os.environ["JAX_MXFP4_CACHE_DIR"] = tempfile.mkdtemp(prefix="mutation-cache-")
+    else:
+        os.environ.pop("JAX_MXFP4_KERNEL_DIR", None)
+        os.environ["JAX_MXFP4_CACHE_DIR"] = tempfile.mkdtemp(prefix="mutation-cache-")
     return {co.symbol: co for co in build_all("gfx950", None, progress=False)}
 
 
