@@ -12,9 +12,11 @@ runaway kernels) with the instruction, wave, lane and address. See README.md.
     memory = Memory()
     memory.map(address, view_uint8, writable=True, name="pool")
     report = run(kernel, grid=(gx, gy, gz), block=(bx, by, bz), dynamic_lds=0,
-                 kernarg=kernarg_bytes, memory=memory, arch="gfx950")
+                 kernarg=kernarg_bytes, memory=memory, arch="gfx950", trace=True)
 
     print(format_profiles([profile(report)]))   # per-wave counts, bytes, MI355X estimate
+
+For a large grid, run the timing model's sample: ``workgroups=sample_workgroups(grid, 32)``.
 
 This package imports only numpy, ml_dtypes and the standard library.
 """
@@ -22,9 +24,10 @@ This package imports only numpy, ml_dtypes and the standard library.
 from .errors import FAULT_KINDS, EmulatorFault
 from .launch import ALL_CHECKS, ARCHES, LDS_LIMIT, RunReport
 from .memory import Memory
-from .profiling import Estimate, Profile, format_profiles, profile
+from .profiling import LABEL, Profile, format_profiles, profile
 from .program import Kernel, Program, run
+from .timing import Timing, estimate, sample_workgroups
 
-__all__ = ["ALL_CHECKS", "ARCHES", "FAULT_KINDS", "LDS_LIMIT", "EmulatorFault", "Estimate",
-           "Kernel", "Memory", "Profile", "Program", "RunReport", "format_profiles", "profile",
-           "run"]
+__all__ = ["ALL_CHECKS", "ARCHES", "FAULT_KINDS", "LABEL", "LDS_LIMIT", "EmulatorFault",
+           "Kernel", "Memory", "Profile", "Program", "RunReport", "Timing", "estimate",
+           "format_profiles", "profile", "run", "sample_workgroups"]

@@ -60,6 +60,8 @@ def build_cache_control(ctx, pi, base):
     inst = ctx.inst
 
     def run(m, w):
+        if m.trace is not None:
+            m.trace.no_lines(m, w)
         waitcnt.issue(m, w, inst, "vm")
     return run, dict(vsrc=set(), ssrc=set(), vdst=set(), sdst=set())
 
@@ -109,7 +111,10 @@ def build_global_atomic(ctx, pi, base):
         definedness.require_scalar(m, w, inst, addr_s, "the address base register")
         definedness.require_vector(m, w, inst, data_regs, "the atomic's data")
         active = m.exec[w]
-        addrs = address(m, w)[active]
+        full = address(m, w)
+        addrs = full[active]
+        if m.trace is not None:
+            m.trace.lines(m, w, full, active, 4)
         data = np.stack([m.v[r][w][active] for r in sorted(data_regs)], axis=1)
         if np.any(addrs % np.uint64(4)):
             bad = int(np.flatnonzero(addrs % np.uint64(4))[0])

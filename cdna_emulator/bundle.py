@@ -36,6 +36,7 @@ import numpy as np
 from .launch import ARCHES, RunReport
 from .memory import Memory
 from .program import Program, run
+from .timing import sample_workgroups
 
 FILLS = ("normal", "nan", "zeros", "permutation")
 KERNARG_FORMATS = {"ptr": "<Q", "i32": "<i", "u32": "<I", "i64": "<q", "f32": "<f"}
@@ -242,11 +243,12 @@ def pack_kernarg(kernarg, addresses: dict[str, int]) -> bytes:
 
 
 def run_bundle(bundle: Bundle, workgroups: int | None = None,
-               max_steps: int = MAX_STEPS) -> BundleRun:
+               max_steps: int = MAX_STEPS, trace: bool = False) -> BundleRun:
     """Run the launch of ``bundle`` in the emulator: its buffers made and mapped one after
     another from ``BASE_ADDRESS`` (writable ones writable), its kernel arguments packed,
-    every workgroup run (``workgroups=None``) or ``workgroups`` of them spread over the grid
-    (the others' outputs are then not written). Raises ``EmulatorFault`` on a fault."""
+    every workgroup run (``workgroups=None``) or about ``workgroups`` of them, the timing
+    model's sample (``timing.sample_workgroups``; the others' outputs are then not written);
+    ``trace``: record what the timing model needs. Raises ``EmulatorFault`` on a fault."""
     memory, arrays, addresses, address = Memory(), {}, {}, BASE_ADDRESS
     for spec in bundle.buffers:
         array = make_array(spec)
@@ -257,7 +259,9 @@ def run_bundle(bundle: Bundle, workgroups: int | None = None,
     kernel = Program.from_asm(bundle.kernel.read_text()).kernel(bundle.symbol)
     report = run(kernel, grid=bundle.grid, block=bundle.block, dynamic_lds=bundle.dynamic_lds,
                  kernarg=pack_kernarg(bundle.kernarg, addresses), memory=memory,
-                 arch=bundle.arch, workgroups=workgroups, max_steps=max_steps)
+                 arch=bundle.arch, max_steps=max_steps, trace=trace,
+                 workgroups=None if workgroups is None else sample_workgroups(bundle.grid,
+                                                                              workgroups))
     return BundleRun(report, arrays, addresses)
 
 

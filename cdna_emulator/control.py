@@ -94,8 +94,13 @@ def build_waitcnt(ctx, pi):
 
     def run(m, w):
         waitcnt.wait(m, w, vm, lgkm)
-    return run, dict(ssrc=set(), sdst=set())
+    return run, dict(ssrc=set(), sdst=set(), vmcnt=vm, lgkmcnt=lgkm)
 
 
 def build_nop(ctx, pi, base):
-    return (lambda m, w: None), dict(ssrc=set(), sdst=set())
+    """The no-ops; ``info["wait_states"]``: what ``s_nop N`` waits (N + 1 wait states, the
+    CDNA3 ISA guide's S_NOP), 1 for the others."""
+    states = 1
+    if base == "s_nop" and pi.operands and pi.operands[0].kind == "const":
+        states = (int(pi.operands[0].value) & 0xF) + 1
+    return (lambda m, w: None), dict(ssrc=set(), sdst=set(), wait_states=states)

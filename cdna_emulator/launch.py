@@ -35,6 +35,7 @@ from .errors import EmulatorFault
 from .machine import ALL, FULL, Machine
 from .memory import Memory
 from .operands import EXEC
+from .trace import Trace
 
 LDS_LIMIT = {"gfx950": 163840, "gfx942": 65536}
 ARCHES = tuple(LDS_LIMIT)
@@ -68,6 +69,9 @@ class RunReport:
     per_instruction: list  # (pc, line, text, class, wave-instructions) of executed ones
     vgprs: int = 0  # unified VGPRs per lane of each wave (ArchVGPRs and AGPRs)
     lds_per_workgroup: int = 0  # bytes, static and dynamic
+    code: list | None = None  # the compiled instructions (with ``trace``)
+    trace: Trace | None = None  # per-wave paths and lines, when run with ``trace=True``
+    waves_per_group: int = 1
 
     @property
     def per_wave(self) -> dict:
@@ -239,6 +243,7 @@ def execute(m: Machine, code, entry: int, max_steps: int) -> int:
 
 def _run_group(m: Machine, code, w, pc: int, steps: int, max_steps: int) -> int:
     waves = m.W if w is ALL else len(np.arange(m.W)[w])
+    trace, start = m.trace, pc
     while True:
         inst = code[pc]
         inst.count += waves
@@ -252,6 +257,9 @@ def _run_group(m: Machine, code, w, pc: int, steps: int, max_steps: int) -> int:
             pc += 1
         elif kind == BRANCH:
             target = inst.run(m, w)
+            if trace is not None:
+                trace.segment(m, w, start, pc)
+                start = target
             if target < 0:
                 return steps  # diverged: the branch stored each wave's target
             pc = target
@@ -260,11 +268,15 @@ def _run_group(m: Machine, code, w, pc: int, steps: int, max_steps: int) -> int:
                 m.epoch += 1  # every wave of every group arrived together
                 pc += 1
                 continue
+            if trace is not None:
+                trace.segment(m, w, start, pc)
             m.pc[w] = pc + 1
             m.waiting[w] = True
             _release_barriers(m, m.wave_group[w])
             return steps
         else:
+            if trace is not None:
+                trace.segment(m, w, start, pc)
             m.pc[w] = pc
             _end_waves(m, w)
             return steps
@@ -325,7 +337,7 @@ def _batches(groups: np.ndarray, per_batch: int):
 
 def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=None,
                arch="gfx950", max_steps=5_000_000, checks=ALL_CHECKS,
-               workgroups=None) -> RunReport:
+               workgroups=None, trace=False) -> RunReport:
     """Execute ``kernel`` (its compiled ``code``) for a launch; see ``emulator.run``."""
     started = time.perf_counter()
     kernarg = np.frombuffer(bytes(kernarg), np.uint8)
@@ -337,7 +349,9 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
     groups = np.array(list(itertools.product(range(grid[2]), range(grid[1]),
                                              range(grid[0]))), np.int64).reshape(-1, 3)[:, ::-1]
     total_groups = len(groups)
+    dispatch_index = {tuple(g): i for i, g in enumerate(groups.tolist())} if trace else None
     groups = _sample(groups, workgroups)
+    recorder = Trace() if trace else None
     for inst in code:
         inst.count = 0
     kernarg_addr = _kernarg_address(memory, len(kernarg))
@@ -357,6 +371,10 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
             m.memory = memory
             m.wave_base = start * waves_per_group
             m.group_ids = batch
+            if recorder is not None:
+                m.trace = recorder
+                recorder.add_waves(m, np.array([dispatch_index[tuple(g)] for g in
+                                                batch.tolist()]))
             initial_state(m, kernel, batch, block, kernarg_addr, kernarg, threads)
             issues += execute(m, code, kernel.entry, max_steps)
             waves_run += m.W
@@ -382,4 +400,5 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
         lds_bytes_read=stats.get("lds_read", 0), lds_bytes_written=stats.get("lds_written", 0),
         scratch_bytes=stats.get("scratch_read", 0) + stats.get("scratch_written", 0),
         issues=issues, seconds=time.perf_counter() - started, per_instruction=executed,
-        vgprs=kernel.vgpr_file, lds_per_workgroup=lds)
+        vgprs=kernel.vgpr_file, lds_per_workgroup=lds, code=code if trace else None,
+        trace=recorder, waves_per_group=waves_per_group)

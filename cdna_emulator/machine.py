@@ -77,6 +77,7 @@ class Machine:
         self._full_of = None
         self._full = False
         self.live_selection = None  # the index array the scheduler uses for all live waves
+        self.trace = None  # a trace.Trace while a traced launch runs
         self.check_undefined = "undefined" in checks
         self.check_waitcnt = "waitcnt" in checks
         self.check_races = "lds-race" in checks and waves_per_group > 1

@@ -122,7 +122,10 @@ def build_global(ctx, pi, base):
         definedness.require_vector(m, w, inst, addr_v, "the address register")
         definedness.require_scalar(m, w, inst, addr_s, "the address base register")
         active = m.exec[w]
-        addrs = address(m, w)[active]
+        full = address(m, w)
+        addrs = full[active]
+        if m.trace is not None:
+            m.trace.lines(m, w, full, active, size)
         try:
             data = m.memory.read(addrs, size)
         except AccessError as e:
@@ -137,7 +140,10 @@ def build_global(ctx, pi, base):
         definedness.require_vector(m, w, inst, range(data_reg, data_reg + nregs),
                                    "the stored value")
         active = m.exec[w]
-        addrs = address(m, w)[active]
+        full = address(m, w)
+        addrs = full[active]
+        if m.trace is not None:
+            m.trace.lines(m, w, full, active, size)
         words = np.stack([m.v[data_reg + i][w][active] for i in range(nregs)], axis=1)
         if high_half:
             words = words >> U32(16)
@@ -205,6 +211,8 @@ def build_buffer(ctx, pi, base):
 
     def run_load(m, w):
         addr, active = locate(m, w)
+        if m.trace is not None:
+            m.trace.lines(m, w, addr, active, size)
         try:
             data = m.memory.read(addr[active], size)
         except AccessError as e:
@@ -215,6 +223,8 @@ def build_buffer(ctx, pi, base):
 
     def run_store(m, w):
         addr, active = locate(m, w)
+        if m.trace is not None:
+            m.trace.lines(m, w, addr, active, size)
         definedness.require_vector(m, w, inst, range(data_reg, data_reg + nregs),
                                    "the stored value",
                                    active)

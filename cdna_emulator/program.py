@@ -82,7 +82,8 @@ _RUN_LOCK = threading.Lock()
 
 
 def run(kernel: Kernel, *, grid, block, dynamic_lds: int = 0, kernarg=b"", memory=None,
-        arch: str = "gfx950", max_steps: int = 5_000_000, checks=ALL_CHECKS, workgroups=None):
+        arch: str = "gfx950", max_steps: int = 5_000_000, checks=ALL_CHECKS, workgroups=None,
+        trace: bool = False):
     """Execute ``kernel`` for one launch and return its :class:`RunReport`.
 
     ``grid``: workgroups per dimension; ``block``: work-items per workgroup; ``kernarg``: the
@@ -92,10 +93,12 @@ def run(kernel: Kernel, *, grid, block, dynamic_lds: int = 0, kernarg=b"", memor
     {"undefined", "waitcnt", "lds-race"} (out-of-bounds checks are always on);
     ``workgroups``: None (every workgroup), an int n (n workgroups spread over the grid: a
     sample for profiling large launches; the other workgroups' outputs are not written) or a
-    ``[k, 3]`` array of workgroup ids.
+    ``[k, 3]`` array of workgroup ids; ``trace``: record each wave's path and the cache
+    lines of its memory instructions (``report.trace``, what the timing model runs on).
     """
     code = kernel.code(arch)
     with _RUN_LOCK:
         return run_kernel(kernel.descriptor, code, grid=grid, block=block,
                           dynamic_lds=dynamic_lds, kernarg=kernarg, memory=memory, arch=arch,
-                          max_steps=max_steps, checks=checks, workgroups=workgroups)
+                          max_steps=max_steps, checks=checks, workgroups=workgroups,
+                          trace=trace)

@@ -200,6 +200,7 @@ def select_cell(rows, context):
 def cells(quick: bool = False) -> list[Cell]:
     out = [
         index_cell("b32 S1 H1 ctx 8K", 32, 1, 8192),
+        index_cell("b32 S1 H1 ctx 32K", 32, 1, 32768),
         index_cell("b32 S1 H1 ctx 128K", 32, 1, 131072),
         index_cell("b8 S4 H1 ctx 8K", 8, 4, 8192),
         index_cell("b8 S4 H1 ctx 128K", 8, 4, 131072),
@@ -216,7 +217,7 @@ def cells(quick: bool = False) -> list[Cell]:
         # 96-row prompts in 128-row tiles: most tiles hold rows of two requests
         index_cell("b32 q96 ctx 8K", 32, 96, 8192, shape="prefill"),
     ]
-    out += [attention_cell(f"{r} rows x 16 pages", r) for r in (1, 8, 32, 128, 256)]
+    out += [attention_cell(f"{r} rows x 16 pages", r) for r in (1, 8, 32, 128, 192, 256)]
     for n in (1, 2, 4, 8, 16, 24):
         rows = 8 * n
         group = "mxfp8 epilogue"
@@ -226,8 +227,13 @@ def cells(quick: bool = False) -> list[Cell]:
     out += [write_cell(32), write_cell(4096), write_cell(16384), select_cell(32, 131072),
             select_cell(4096, 32768)]
     if quick:
-        return [out[0], out[6], out[13], out[20], out[-5]]
+        return [c for c in out if c.label in QUICK]
     return out
+
+
+QUICK = ("b32 S1 H1 ctx 8K", "b32 S1 H1 ctx 512K", "chunk 32768 prefix 100K", "N=1 bf16",
+         "32 tokens")
+"""The cells of ``cells(quick=True)``: one of each kind."""
 
 
 def ceilings(repeats: int = 10) -> tuple[float, float]:

@@ -5,25 +5,22 @@ A bundle (``cdna_emulator.bundle``; the format of ``../shared/calibration/README
 kernel's launch written to a folder: aiter's calibration kernels, or ours as
 ``emulate --profile --dump-launch DIR`` writes them. Every workgroup of the grid runs, or
 ``--workgroups N`` of them spread over it (counts and bytes are then scaled to the grid, and
-the output says so). The estimate is ``cdna_emulator.profiling``'s model as it is today, not
-yet calibrated on any MI355X measurement: it is printed as such, beside the bundle's measured
-time where it has one. ``--json`` ends the output with one JSON object (``launch_record``).
+the output says so). The estimate is the timing model's (``cdna_emulator.timing``), printed
+with its calibration error, beside the bundle's measured time where it has one. ``--json``
+ends the output with one JSON object (``launch_record``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
 
 from cdna_emulator import EmulatorFault, format_profiles, profile
 from cdna_emulator.bundle import BundleError, read_bundle, run_bundle
+from cdna_emulator.profiling import LABEL
 
-ESTIMATE_LABEL = ("uncalibrated estimate: today's cdna_emulator/profiling.py model (a roofline "
-                  "with a waitcnt latency floor, fitted to no measurement; on aiter's fp8 "
-                  "prefill scorer it gives 0.50-0.78x the measured MI355X times, a 56 % "
-                  "geometric-mean error: bench/RESULTS.md), not a measurement")
+ESTIMATE_LABEL = LABEL
 """What every estimate this command prints is."""
 
 PROG = "python -m jax_mxfp4 emulate"
@@ -43,13 +40,14 @@ def run_launch(args) -> int:
               file=sys.stderr)
     started = time.perf_counter()
     try:
-        ran = run_bundle(bundle, workgroups=args.workgroups)
+        ran = run_bundle(bundle, workgroups=args.workgroups, trace=True)
     except EmulatorFault as exc:
         print(f"{PROG}: --launch {args.launch}: the emulator faulted: "
               f"{' '.join(str(exc).split())}", file=sys.stderr)
         return 1
-    record = launch_record(bundle, ran.report, time.perf_counter() - started)
-    print(launch_text(bundle, ran.report, record))
+    prof = profile(ran.report)
+    record = launch_record(bundle, ran.report, prof, time.perf_counter() - started)
+    print(launch_text(bundle, ran.report, prof, record))
     if args.json:
         print(json.dumps(record))
     return 0
@@ -58,16 +56,17 @@ def run_launch(args) -> int:
 def _sampling(report) -> str:
     if report.workgroups_run < report.workgroups:
         return (f"a sample of {report.workgroups_run} of its {report.workgroups} workgroups ran "
-                f"(--workgroups): counts, bytes and the estimate are scaled to the grid")
+                f"(--workgroups; the timing model's clusters of dispatch neighbours): counts "
+                f"and bytes are scaled to the grid, and the estimate places every workgroup")
     plural = "s" if report.workgroups != 1 else ""
     return f"all {report.workgroups} workgroup{plural} ran"
 
 
-def launch_record(bundle, report, seconds: float) -> dict:
+def launch_record(bundle, report, prof, seconds: float) -> dict:
     """The JSON object of one run: the launch, the sampling, the estimate with its label and
     per-term breakdown (us), the instruction counts per class (per wave, and in the whole
-    grid: wave-instructions, scaled from a sample), bytes, and the measured time if any."""
-    prof = profile(report)
+    grid: wave-instructions, scaled from a sample), bytes, and the measured time if any;
+    ``prof``: the report's ``profile``."""
     est = prof.estimate
     scale = report.workgroups / max(report.workgroups_run, 1)
     record = {
@@ -76,7 +75,9 @@ def launch_record(bundle, report, seconds: float) -> dict:
         "workgroups": report.workgroups, "workgroups_run": report.workgroups_run,
         "sampled": prof.sampled, "estimate_us": est.seconds * 1e6,
         "estimate_label": ESTIMATE_LABEL, "bound": est.bound,
-        "terms_us": {f.name: getattr(est, f.name) * 1e6 for f in dataclasses.fields(est)},
+        "terms_us": {name: value * 1e6 for name, value in est.terms().items()},
+        "hbm_bytes": est.hbm_bytes, "resident_workgroups_per_cu": est.resident_workgroups,
+        "unit_busy": est.busy,
         "instructions_per_wave": {k: v for k, v in prof.per_wave.items() if v},
         "instructions": {k: v * scale for k, v in report.by_class.items() if v},
         "global_bytes_read": prof.global_bytes_read,
@@ -89,7 +90,7 @@ def launch_record(bundle, report, seconds: float) -> dict:
     return record
 
 
-def launch_text(bundle, report, record: dict) -> str:
+def launch_text(bundle, report, prof, record: dict) -> str:
     """The human-readable report of one run (``record``: :func:`launch_record`)."""
     terms = ", ".join(f"{k} {v:.2f}" for k, v in record["terms_us"].items())
     lines = [
@@ -98,8 +99,10 @@ def launch_text(bundle, report, record: dict) -> str:
         f"{'x'.join(map(str, bundle.block))}: {_sampling(report)}; emulated in "
         f"{record['emulated_seconds']:.1f} s",
         report.summary(),
-        format_profiles([profile(report)]),
-        f"estimate terms (us): {terms}; the largest binds: {record['bound']}",
+        format_profiles([prof]),
+        f"estimate terms (us): {terms} (the larger of busiest_cu and hbm, plus launch; it is "
+        f"bound by {record['bound']}); units busy on the sampled CUs: " + ", ".join(
+            f"{k} {v:.0%}" for k, v in record["unit_busy"].items()),
         f"MI355X time: {record['estimate_us']:.2f} us, an {ESTIMATE_LABEL}",
     ]
     if bundle.measured_us:

@@ -26,6 +26,7 @@ import pytest
 
 import jax_mxfp4 as jm
 from cdna_emulator.bundle import BundleError, pack_kernarg, read_bundle, run_bundle
+from cdna_emulator.profiling import LABEL
 from jax_mxfp4._src.dispatch import emulated
 from jax_mxfp4._src.gpu import launch
 from jax_mxfp4.cli import main
@@ -85,12 +86,15 @@ def test_emulate_launch_json(dumped_launches):
     status, out, err = _cli("emulate", "--launch", str(folder), "--json")
     assert status == 0 and err == "", err
     record = json.loads(out.splitlines()[-1])
-    assert record["estimate_us"] > 0 and "uncalibrated" in record["estimate_label"]
-    assert set(record["terms_us"]) == {"memory", "compute", "lds", "latency"}
-    assert max(record["terms_us"].values()) == record["estimate_us"]
+    assert record["estimate_us"] > 0 and record["estimate_label"] == LABEL
+    terms = record["terms_us"]
+    assert set(terms) == {"busiest_cu", "hbm", "launch"}
+    assert max(terms["busiest_cu"], terms["hbm"]) + terms["launch"] == pytest.approx(
+        record["estimate_us"])
+    assert set(record["unit_busy"]) == {"valu", "mfma", "data", "lds"}
     assert record["instructions"]["mfma"] > 0 and record["instructions_per_wave"]["valu"] > 0
     assert record["sampled"] is False and record["workgroups_run"] == record["workgroups"]
-    assert "uncalibrated estimate" in out and "all 1 workgroup ran" in out
+    assert LABEL in out and "all 1 workgroup ran" in out
     status, out, _ = _cli("emulate", "--launch", str(dumped_launches[0][0]), "--workgroups", "1")
     assert status == 0 and "a sample of 1 of its 2 workgroups ran" in out
 

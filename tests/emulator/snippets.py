@@ -95,10 +95,12 @@ amdhsa.version:
 
 def run_snippet(body: str, inputs, outputs: list[str], *, arch: str = "gfx950",
                 vgprs: int = 64, agprs: int = 0, fp16_overflow: int = 0, lds: int = 0,
-                block: int = 64, report: bool = False, checks=None, max_steps=None):
+                block: int = 64, report: bool = False, checks=None, max_steps=None,
+                trace: bool = False):
     """Run ``body`` over ``inputs`` (uint32 ``[n_in, lanes]``, lanes a multiple of
     ``block``, a power of two) with ``block`` work-items per workgroup; the ``outputs``
-    registers as uint32 ``[len(outputs), lanes]``."""
+    registers as uint32 ``[len(outputs), lanes]`` (and the run's report with ``report``,
+    traced for the timing model with ``trace``)."""
     inputs = np.ascontiguousarray(np.asarray(inputs, np.uint32).reshape(
         len(inputs) if np.ndim(inputs) > 1 else 1, -1))
     lanes = inputs.shape[1]
@@ -117,7 +119,7 @@ def run_snippet(body: str, inputs, outputs: list[str], *, arch: str = "gfx950",
     if max_steps is not None:
         kwargs["max_steps"] = max_steps
     rep = run(kernel, grid=(waves * 64 // block, 1, 1), block=(block, 1, 1), kernarg=kernarg,
-              memory=memory, arch=arch, **kwargs)
+              memory=memory, arch=arch, trace=trace, **kwargs)
     result = out[:, :lanes]
     return (result, rep) if report else result
 

@@ -116,9 +116,10 @@ _PROFILING: list[_Profiling] = []  # the innermost profiled() block last (XLA ma
 def profiled(workgroups: int | None = None):
     """Profile every emulated launch inside the block: yields a list that gets
     one ``cdna_emulator.Profile`` (instructions per wave by class, bytes, MI355X
-    estimate) per launch. ``workgroups``: run only that many workgroups spread over each grid
-    (the emulator scales the totals to the grid); **the other workgroups' outputs are then
-    never written**, so results computed inside are for profiling only. None runs them all."""
+    estimate) per launch. ``workgroups``: run only about that many workgroups of each grid,
+    the timing model's sample (``cdna_emulator.timing.sample_workgroups``; the totals are
+    scaled to the grid); **the other workgroups' outputs are then never written**, so results
+    computed inside are for profiling only. None runs them all."""
     state = _Profiling(workgroups, [])
     _PROFILING.append(state)
     try:
@@ -267,9 +268,14 @@ def emulate(image: bytes, symbol: str, grid, block, shared: int, params, buffers
         _dump(_DUMPING[-1], image, asm, kernel, grid, block, shared, params, buffers, info,
               kernarg)
     state = _PROFILING[-1] if _PROFILING else None
+    sample = None
+    if state is not None and state.workgroups is not None:
+        from cdna_emulator.timing import sample_workgroups
+
+        sample = sample_workgroups(grid, state.workgroups)
     report = emulator.run(kernel, grid=tuple(grid), block=tuple(block), dynamic_lds=shared,
                           kernarg=kernarg, memory=memory, arch=kernel.program.arch,
-                          workgroups=None if state is None else state.workgroups)
+                          workgroups=sample, trace=state is not None)
     if state is not None:
         state.profiles.append(emulator.profile(report))
 
