@@ -29,8 +29,8 @@ from cdna_emulator.bundle import read_bundle, run_bundle
 from jax_mxfp4._src.core._table import format_table
 
 LAUNCH_STEPS_US = [0.25 * i for i in range(61)]
-BOUNDS = {"clock_ghz": (1.5, 2.4), "l1_cycles": (40.0, 400.0), "l2_cycles": (100.0, 1500.0),
-          "hbm_cycles": (300.0, 5000.0)}
+BOUNDS = {"clock_ghz": (1.5, mi355x.CLOCK_HZ / 1e9), "l1_cycles": (40.0, 400.0),
+          "l2_cycles": (100.0, 1500.0), "hbm_cycles": (300.0, 5000.0)}
 
 
 @dataclasses.dataclass

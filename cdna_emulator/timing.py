@@ -162,6 +162,14 @@ def _merged(streams: list) -> tuple[np.ndarray, np.ndarray]:
     return lines[order], owner[order]
 
 
+def _per_more_member(cluster_lines: float, largest: int, members: int) -> float:
+    """What one more workgroup brings: a cluster's lines beyond those of its largest member
+    (which a first workgroup must bring) over its other members; a lone member's own."""
+    if members == 1:
+        return cluster_lines
+    return max((cluster_lines - largest) / (members - 1), 0.0)
+
+
 def line_shares(trace, groups: dict, table, resident: int) -> tuple[dict, dict]:
     """Per sampled workgroup (dispatch index): its ``LineShares`` and its HBM bytes (reads
     that miss the L2 and the distinct lines it stores); see the module docstring."""
@@ -177,16 +185,11 @@ def line_shares(trace, groups: dict, table, resident: int) -> tuple[dict, dict]:
         lines, owner = _merged([streams[g] for g in members])
         misses = _misses(lines, owner, len(members), L2_BYTES_PER_XCD,
                          resident * CUS_PER_XCD / len(members))
-        # what one more workgroup brings: the cluster's misses beyond the lines of its
-        # largest member (which a first workgroup must bring) over its other members
         largest = max(np.unique(streams[g][0]).size for g in members)
-        steady = (misses.sum() - largest) / (len(members) - 1) if len(members) > 1 else \
-            float(misses[0])
-        steady = max(float(steady), 0.0)
+        steady = _per_more_member(float(misses.sum()), largest, len(members))
         stored_union = np.unique(np.concatenate([streams[g][2] for g in members]))
-        most = max(streams[g][2].size for g in members)
-        steady_stored = (stored_union.size - most) / (len(members) - 1) if len(members) > 1 \
-            else float(most)
+        steady_stored = _per_more_member(stored_union.size,
+                                         max(streams[g][2].size for g in members), len(members))
         for g in members:
             reads, _, _, store_requests = streams[g]
             own = _merged([streams[g]])[0]
@@ -216,9 +219,12 @@ def makespan(total: int, slot_times: dict, resident: int) -> float:
     takes the slot time of the sampled workgroup nearest to i in dispatch order."""
     sampled = np.array(sorted(slot_times))
     times = np.array([slot_times[g] for g in sampled])
-    nearest = np.abs(np.arange(total)[:, None] - sampled[None, :]).argmin(axis=1) \
-        if total <= 200_000 else np.searchsorted(sampled, np.arange(total)).clip(
-            0, len(sampled) - 1)
+    index = np.arange(total)
+    right = np.searchsorted(sampled, index).clip(1, len(sampled) - 1) if len(sampled) > 1 \
+        else np.zeros(total, np.int64)
+    left = (right - 1).clip(0)
+    # the nearer neighbour, the earlier one on a tie
+    nearest = np.where(index - sampled[left] <= sampled[right] - index, left, right)
     duration = times[nearest]
     busiest = 0.0
     for xcd in range(XCDS):

@@ -29,6 +29,7 @@ class Trace:
     def __init__(self):
         self._segments: dict[int, list[tuple[int, int]]] = {}
         self._lines: dict[int, list[np.ndarray]] = {}
+        self._paths: dict[int, np.ndarray] = {}
         self.wave_group: dict[int, int] = {}  # wave -> dispatch index of its workgroup
         self.wave_in_group: dict[int, int] = {}
 
@@ -74,9 +75,12 @@ class Trace:
         return sorted(self._segments)
 
     def path(self, wave: int) -> np.ndarray:
-        """The program counters wave ``wave`` executed, in order (int32)."""
-        parts = [np.arange(a, b + 1, dtype=np.int32) for a, b in self._segments[wave]]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        """The program counters wave ``wave`` executed, in order (int32; built once, after
+        the run: the timing model asks for it several times)."""
+        if wave not in self._paths:
+            parts = [np.arange(a, b + 1, dtype=np.int32) for a, b in self._segments[wave]]
+            self._paths[wave] = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        return self._paths[wave]
 
     def accesses(self, wave: int) -> list[np.ndarray]:
         """The distinct lines of each vector memory instruction ``wave`` executed, in order."""

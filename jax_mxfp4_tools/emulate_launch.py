@@ -20,9 +20,6 @@ from cdna_emulator import EmulatorFault, format_profiles, profile
 from cdna_emulator.bundle import BundleError, read_bundle, run_bundle
 from cdna_emulator.profiling import LABEL
 
-ESTIMATE_LABEL = LABEL
-"""What every estimate this command prints is."""
-
 PROG = "python -m jax_mxfp4 emulate"
 
 
@@ -74,7 +71,7 @@ def launch_record(bundle, report, prof, seconds: float) -> dict:
         "grid": list(bundle.grid), "block": list(bundle.block), "waves": prof.waves,
         "workgroups": report.workgroups, "workgroups_run": report.workgroups_run,
         "sampled": prof.sampled, "estimate_us": est.seconds * 1e6,
-        "estimate_label": ESTIMATE_LABEL, "bound": est.bound,
+        "estimate_label": LABEL, "bound": est.bound,
         "terms_us": {name: value * 1e6 for name, value in est.terms().items()},
         "hbm_bytes": est.hbm_bytes, "resident_workgroups_per_cu": est.resident_workgroups,
         "unit_busy": est.busy,
@@ -103,7 +100,7 @@ def launch_text(bundle, report, prof, record: dict) -> str:
         f"estimate terms (us): {terms} (the larger of busiest_cu and hbm, plus launch; it is "
         f"bound by {record['bound']}); units busy on the sampled CUs: " + ", ".join(
             f"{k} {v:.0%}" for k, v in record["unit_busy"].items()),
-        f"MI355X time: {record['estimate_us']:.2f} us, an {ESTIMATE_LABEL}",
+        f"MI355X time: {record['estimate_us']:.2f} us, {LABEL}",
     ]
     if bundle.measured_us:
         lines.append(f"measured on an MI355X: {bundle.measured_us} us "
@@ -112,4 +109,4 @@ def launch_text(bundle, report, prof, record: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ESTIMATE_LABEL", "launch_record", "launch_text", "run_launch"]
+__all__ = ["launch_record", "launch_text", "run_launch"]
