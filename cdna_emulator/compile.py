@@ -15,6 +15,7 @@ from . import (
     atomics,
     control,
     defined,
+    lds_dma,
     lds_ops,
     memory_ops,
     salu,
@@ -90,9 +91,15 @@ def _build(ctx, pi, labels, pc):
     if name in atomics.CACHE_CONTROL:
         run, info = atomics.build_cache_control(ctx, pi, name)
         return run, info, NORMAL, "global_store"
+    if name.startswith("global_load_lds_"):
+        run, info = lds_dma.build_global_lds(ctx, pi, name)
+        return run, info, NORMAL, "global_load"
     if name.startswith("global_"):
         run, info = memory_ops.build_global(ctx, pi, name)
         return run, info, NORMAL, "global_load" if "_load" in name else "global_store"
+    if name.startswith("buffer_load_") and pi.modifiers.get("lds"):
+        run, info = lds_dma.build_buffer_lds(ctx, pi, name)
+        return run, info, NORMAL, "global_load"
     if name.startswith("buffer_"):
         run, info = memory_ops.build_buffer(ctx, pi, name)
         return run, info, NORMAL, "global_load" if "_load" in name else "global_store"

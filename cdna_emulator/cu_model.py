@@ -21,7 +21,9 @@ CDNA compute unit, over the CU's memory units.
   :class:`LineShares`); a store costs one L2 line request per line it touches. A wave holds
   at most 63 in flight. HBM's rate bounds the whole launch, not each CU.
 * **LDS**: the CU's LDS moves 128 bytes a clock; an access completes after its latency and
-  its place in that queue.
+  its place in that queue. An LDS DMA load (``buffer_load ... lds``, ``global_load_lds_*``)
+  is a vector memory load whose data, once back, takes its bytes' LDS time before it
+  completes (counted as LDS busy time, outside the DS queue).
 
 Not modelled: LDS bank conflicts, instruction fetch, SGPR dependencies, the exact wave
 priority (age order stands in), scalar cache misses (one latency), and any contention between
@@ -126,7 +128,8 @@ def instruction_table(code) -> InstructionTable:
         table.vmcnt.append(-1 if vm is None else vm)
         table.lgkmcnt.append(-1 if lg is None else lg)
         regs = len(info.get("vdst", ())) or max(len(info.get("vsrc", ())) - 1, 1)
-        table.lds_bytes.append(4 * 64 * regs if k == LDS else 0)
+        # an LDS DMA load (lds_dma.py) writes info["lds_bytes"] a wave to LDS
+        table.lds_bytes.append(4 * 64 * regs if k == LDS else info.get("lds_bytes", 0))
         valu = k in (VALU, MFMA)
         table.reads.append(tuple(info.get("vsrc", ())) if valu else ())
         table.writes.append(tuple(info.get("vdst", ())) if k == VALU else ())
@@ -215,6 +218,14 @@ class _Units:
         latency = self.fitted.l2_cycles if store else self.read_latency
         done = max(t + latency, self.data)
         return max(done, w.vm[-1]) if w.vm else done
+
+    def dma_write(self, arrived: float, pc: int) -> float:
+        """An LDS DMA load's write of its data, arrived at ``arrived``, into LDS: its bytes
+        at the LDS rate count in the LDS unit's busy cycles and delay its completion (it does
+        not queue behind DS instructions: their queue runs in issue order)."""
+        data = self.table.lds_bytes[pc] / LDS_BYTES_PER_CYCLE
+        self.busy["lds"] += data
+        return arrived + data
 
     def lds_op(self, w, t: float, pc: int) -> float:
         data = self.table.lds_bytes[pc] / LDS_BYTES_PER_CYCLE
@@ -307,7 +318,8 @@ def _issue(w, k: int, pc: int, t: float, s: int, units: _Units, barrier, schedul
     elif k == LOAD or k == STORE:
         lines = len(w.acc[w.memory_ops])
         w.memory_ops += 1
-        w.vm.append(units.memory(w, t, lines, k == STORE))
+        done = units.memory(w, t, lines, k == STORE)
+        w.vm.append(units.dma_write(done, pc) if table.lds_bytes[pc] else done)
     elif k == SCRATCH:
         units.address = t + ADDRESS_CYCLES
         w.vm.append(max(t + units.fitted.l1_cycles, w.vm[-1] if w.vm else 0.0))

@@ -39,9 +39,11 @@ WRITE2 = {"ds_write2_b32": (4, 4), "ds_write2_b64": (8, 8), "ds_write2st64_b32":
 
 class LdsAccess:
     """The active lanes' LDS positions for one access of ``size`` bytes. Accesses whose
-    addresses are all 4-byte aligned move whole 4-byte cells (``unit`` 4), others bytes."""
+    addresses are all 4-byte aligned move whole 4-byte cells (``unit`` 4), others bytes.
+    A DS access (not ``dma``) touching bytes an LDS DMA load still has in flight is a
+    ``waitcnt`` fault (``waitcnt.check_lds``)."""
 
-    def __init__(self, m, w, inst, addr: np.ndarray, size: int, active=None):
+    def __init__(self, m, w, inst, addr: np.ndarray, size: int, active=None, dma=False):
         self.m, self.w, self.inst = m, w, inst
         self.active = m.exec[w] if active is None else active
         self.waves = wave_indices(m, w)
@@ -61,6 +63,12 @@ class LdsAccess:
         self.cells = (flat // self.unit)[:, None] + np.arange(size // self.unit)
         self.local_wave = m.wave_in_group[self.waves[wi]]
         self.epoch = m.epoch[group].astype(I64)[:, None, None]
+        if m.pending_lds and not dma:
+            waitcnt.check_lds(m, w, inst, self.positions())
+
+    def positions(self) -> np.ndarray:
+        """The flat LDS byte positions (``group * row + address``, int64, sorted, unique)."""
+        return np.unique((self.cells * self.unit)[..., None] + np.arange(self.unit))
 
     def _view(self, array):
         return array.reshape(-1, self.unit)

@@ -97,6 +97,7 @@ class Machine:
         self.outstanding = {"vm": np.zeros(waves, np.int64), "lgkm": np.zeros(waves, np.int64)}
         self.pending_v: set[int] = set()
         self.pending_s: set[int] = set()
+        self.pending_lds = False  # an LDS DMA load is in flight (waitcnt.check_lds)
         # LDS race bookkeeping (see memory_ops.py)
         self.epoch = np.zeros(workgroups, np.int32)
         if self.check_races:

@@ -168,6 +168,40 @@ def _fault(m, w, inst, active, e: AccessError, what):
                    wave_index=int(wave_indices(m, w)[wave_local]))
 
 
+def buffer_locator(ctx, voff_op, rsrc_op, soff_op, imm: int, size: int):
+    """``(locate(m, w) -> (address uint64 [n, 64], in_range bool [n, 64]), VGPRs read, SGPRs
+    read)`` of a raw buffer access (stride 0) of ``size`` bytes a lane: the byte offset is the
+    VGPR ``voff_op`` (``off``: none) plus ``imm``; a lane active in EXEC is in range when its
+    offset + size <= num_records; one straddling num_records is a ``memory`` fault."""
+    if rsrc_op.kind != "s" or rsrc_op.count != 4:
+        raise ctx.fail(f"buffer resource {rsrc_op.text!r}")
+    rs = rsrc_op.index
+    vo = ctx.vreg(voff_op, 1) if voff_op.kind != "off" else None
+    soff = scalar_reader_32(ctx, soff_op)
+    inst = ctx.inst
+    rsrc_regs = set(range(rs, rs + 4)) | (set(soff_op.regs()) if soff_op.kind == "s" else set())
+    vsrc = {vo} if vo is not None else set()
+
+    def locate(m, w):
+        definedness.require_vector(m, w, inst, vsrc, "the buffer offset register")
+        definedness.require_scalar(m, w, inst, rsrc_regs, "the buffer resource")
+        w0, w1, w2 = m.s[rs][w].astype(U64), m.s[rs + 1][w].astype(U64), m.s[rs + 2][w]
+        base_addr = w0 | ((w1 & U64(0xFFFF)) << U64(32))
+        if np.any((w1 >> U64(16)) & U64(0x3FFF)):
+            raise m.fault("unsupported", "buffer with a non-zero stride", inst, w)
+        offset = np.full(m.exec[w].shape, U64(imm)) if vo is None else (
+            m.v[vo][w].astype(U64) + U64(imm))
+        in_range = offset + U64(size) <= w2.astype(U64)[:, None]
+        partial = (offset < w2.astype(U64)[:, None]) & ~in_range & m.exec[w]
+        if partial.any():
+            wl, lane = np.argwhere(partial)[0]
+            raise m.fault("memory", "buffer access straddles num_records", inst, w,
+                          lane=int(lane), wave_index=int(wave_indices(m, w)[wl]))
+        addr = base_addr[:, None] + np.asarray(soff(m, w)).astype(U64).reshape(-1, 1) + offset
+        return addr, in_range & m.exec[w]
+    return locate, vsrc, rsrc_regs
+
+
 def build_buffer(ctx, pi, base):
     """buffer_load_* / buffer_store_* with ``offen`` (raw buffers, stride 0)."""
     kind, _, suffix = base.partition("_")[2].partition("_")
@@ -181,33 +215,12 @@ def build_buffer(ctx, pi, base):
     size, signed = LOAD_SIZES[suffix] if is_load else (STORE_SIZES[suffix], False)
     ops = pi.operands
     vdata_op, voff_op, rsrc_op, soff_op = ops[0], ops[1], ops[2], ops[3]
-    if rsrc_op.kind != "s" or rsrc_op.count != 4:
-        raise ctx.fail(f"buffer resource {rsrc_op.text!r}")
-    rs = rsrc_op.index
+    locate, _, rsrc_regs = buffer_locator(ctx, voff_op, rsrc_op, soff_op,
+                                          int(mods.get("offset", 0)), size)
     vo = ctx.vreg(voff_op, 1)
-    soff = scalar_reader_32(ctx, soff_op)
-    imm = int(mods.get("offset", 0))
     nregs = _dword_regs(size)
     data_reg = ctx.vreg(vdata_op, nregs)
     inst = ctx.inst
-    rsrc_regs = set(range(rs, rs + 4)) | (set(soff_op.regs()) if soff_op.kind == "s" else set())
-
-    def locate(m, w):
-        definedness.require_vector(m, w, inst, {vo}, "the buffer offset register")
-        definedness.require_scalar(m, w, inst, rsrc_regs, "the buffer resource")
-        w0, w1, w2 = m.s[rs][w].astype(U64), m.s[rs + 1][w].astype(U64), m.s[rs + 2][w]
-        base_addr = w0 | ((w1 & U64(0xFFFF)) << U64(32))
-        if np.any((w1 >> U64(16)) & U64(0x3FFF)):
-            raise m.fault("unsupported", "buffer with a non-zero stride", inst, w)
-        offset = m.v[vo][w].astype(U64) + U64(imm)
-        in_range = offset + U64(size) <= w2.astype(U64)[:, None]
-        partial = (offset < w2.astype(U64)[:, None]) & ~in_range & m.exec[w]
-        if partial.any():
-            wl, lane = np.argwhere(partial)[0]
-            raise m.fault("memory", "buffer access straddles num_records", inst, w,
-                          lane=int(lane), wave_index=int(wave_indices(m, w)[wl]))
-        addr = base_addr[:, None] + np.asarray(soff(m, w)).astype(U64).reshape(-1, 1) + offset
-        return addr, in_range & m.exec[w]
 
     def run_load(m, w):
         addr, active = locate(m, w)

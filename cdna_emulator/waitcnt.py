@@ -16,6 +16,12 @@ and scalar loads only when n = 0 (a set of n outstanding operations could be any
 out-of-order ones). An instruction that reads a register still in flight, or writes one (the
 late load would overwrite it), is a ``waitcnt`` fault.
 
+A global-to-LDS DMA load (``lds_dma.py``) writes no register: what is in flight is the LDS
+bytes it writes. It counts on ``vmcnt`` like any vector memory load (LLVM ``SIInsertWaitcnts``:
+"MUBUF and FLAT LDS DMA operations need a wait on vmcnt before LDS written can be accessed");
+a DS instruction of any wave of the workgroup touching one of those bytes before the issuing
+wave's ``s_waitcnt vmcnt`` retired the load is a ``waitcnt`` fault.
+
 The counters saturate: gfx9 has 6 bits of vmcnt and 4 of lgkmcnt, so a wave cannot have more
 than 63 vector memory (15 LDS/scalar) operations outstanding; issuing one more stalls until
 the oldest completes. LLVM's waitcnt insertion relies on this (``SIInsertWaitcnts`` raises
@@ -36,10 +42,11 @@ COUNTER_MAX = {"vm": 63, "lgkm": 15}  # gfx9 s_waitcnt fields: vmcnt 6 bits, lgk
 class InFlight:
     """One issued memory instruction, for the waves that issued it and have not retired it."""
 
-    __slots__ = ("counter", "in_order", "line", "sregs", "text", "vregs", "waves")
+    __slots__ = ("counter", "in_order", "lds", "line", "sregs", "text", "vregs", "waves")
 
-    def __init__(self, counter, in_order, waves, vregs, sregs, text, line):
+    def __init__(self, counter, in_order, waves, vregs, sregs, text, line, lds=None):
         self.counter = counter
+        self.lds = lds  # LDS DMA: sorted flat LDS byte positions (int64) it writes
         self.in_order = in_order
         self.waves = waves
         self.vregs = vregs
@@ -48,16 +55,19 @@ class InFlight:
         self.line = line
 
 
-def issue(m, w, inst, counter: str, vregs=(), sregs=(), in_order=True) -> None:
-    """Record a memory instruction just issued by waves ``w`` (counter "vm" or "lgkm")."""
+def issue(m, w, inst, counter: str, vregs=(), sregs=(), in_order=True, lds=None) -> None:
+    """Record a memory instruction just issued by waves ``w`` (counter "vm" or "lgkm");
+    ``lds``: the flat LDS byte positions (int64, ``group * row + address``) an LDS DMA
+    load writes."""
     if not m.check_waitcnt:
         return
     waves = np.zeros(m.W, bool)
     waves[w] = True
     m.queue.append(InFlight(counter, in_order, waves, frozenset(vregs), frozenset(sregs),
-                            inst.text, inst.line))
+                            inst.text, inst.line, lds))
     m.pending_v.update(vregs)
     m.pending_s.update(sregs)
+    m.pending_lds = m.pending_lds or lds is not None
     counts = m.outstanding[counter]
     counts[w] += 1
     if np.any(counts[w] > COUNTER_MAX[counter]):
@@ -120,6 +130,7 @@ def _compact(m) -> None:
     m.queue = [e for e in m.queue if e.waves.any()]
     m.pending_v = set().union(*(e.vregs for e in m.queue)) if m.queue else set()
     m.pending_s = set().union(*(e.sregs for e in m.queue)) if m.queue else set()
+    m.pending_lds = any(e.lds is not None for e in m.queue)
 
 
 def check(m, w, inst, vregs, sregs, written=frozenset(), written_s=frozenset()) -> None:
@@ -142,3 +153,19 @@ def check(m, w, inst, vregs, sregs, written=frozenset(), written_s=frozenset()) 
                 f"({entry.text.strip()!r}) is in flight: no s_waitcnt "
                 f"{'vmcnt' if entry.counter == 'vm' else 'lgkmcnt'} retired it",
                 **m.fault_context(inst, ALL, wave_index=wave))
+
+
+def check_lds(m, w, inst, positions: np.ndarray) -> None:
+    """Fault if a DS instruction of waves ``w`` touches flat LDS byte ``positions`` (int64)
+    that an LDS DMA load still in flight writes (any wave's: the bytes are the workgroup's)."""
+    for entry in m.queue:
+        if entry.lds is None:
+            continue
+        hit = np.isin(positions, entry.lds)
+        if hit.any():
+            byte = int(positions[np.flatnonzero(hit)[0]] % m.lds.shape[1])
+            issuer = m.global_wave(int(np.flatnonzero(entry.waves)[0]))
+            raise m.fault("waitcnt", f"LDS byte {byte:#x} accessed while the LDS DMA load of "
+                          f"line {entry.line} ({entry.text.strip()!r}, wave {issuer}) that "
+                          "writes it is in flight: no s_waitcnt vmcnt of that wave retired it",
+                          inst, w, address=byte)
