@@ -138,6 +138,22 @@ def _check_modes(kernel):
             raise EmulatorFault("unsupported", f".amdhsa_{name} 1 is not modelled")
 
 
+KERNARG_GRANULE = 16
+"""The kernarg segment is mapped in whole 16-byte granules (zero padded): LLVM widens a
+12-byte scalar kernarg load at 16-byte alignment to ``s_load_dwordx4`` (one of our index
+scorers does), reading up to 4 bytes past ``kernarg_size`` (an LLVM AMDGPU test says: "The
+type promotion for the vector loads v3i32/v3f32 into v4i32/v4f32 is enabled only when the
+alignment is 8-byte or higher"). The segment is 16-byte aligned, so on the GPU that read stays in
+the same page and cannot fault; reads past the last granule still fault here."""
+
+
+def _kernarg_segment(kernarg: np.ndarray) -> np.ndarray:
+    """The kernarg bytes padded with zeros to a whole number of granules."""
+    padded = np.zeros(-(-max(len(kernarg), 1) // KERNARG_GRANULE) * KERNARG_GRANULE, np.uint8)
+    padded[:len(kernarg)] = kernarg
+    return padded
+
+
 def _kernarg_address(memory: Memory, size: int) -> int:
     address = KERNARG_BASE
     while any(address < r.end and r.start < address + max(size, 1) for r in memory.regions):
@@ -354,8 +370,9 @@ def run_kernel(kernel, code, *, grid, block, dynamic_lds=0, kernarg=b"", memory=
     recorder = Trace() if trace else None
     for inst in code:
         inst.count = 0
-    kernarg_addr = _kernarg_address(memory, len(kernarg))
-    region = memory.map(kernarg_addr, kernarg.copy(), writable=False, name="kernarg")
+    segment = _kernarg_segment(kernarg)
+    kernarg_addr = _kernarg_address(memory, len(segment))
+    region = memory.map(kernarg_addr, segment, writable=False, name="kernarg")
     per_group = waves_per_group * (kernel.vgpr_file * 64 * 5 + 128 * 8 + 64 * 2 +
                                    kernel.private_segment_size * 64 * 2) + lds * 12
     per_batch = max(1, BATCH_BYTES // max(per_group, 1))

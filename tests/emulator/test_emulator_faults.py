@@ -42,6 +42,30 @@ def test_global_read_past_a_buffer_faults_with_lane_and_address():
     assert fault.wave == 0 and fault.line is not None
 
 
+def test_kernarg_read_within_its_last_granule_reads_zeros():
+    """The snippets' kernarg segment is 24 bytes; LLVM widens a 12-byte kernarg load at a
+    16-byte boundary to ``s_load_dwordx4``, so bytes 24..31 (the rest of the last 16-byte
+    granule) read as zeros. (Mutation: mapping exactly ``len(kernarg)`` bytes made this test
+    fault.)"""
+    out = run_snippet("""
+        s_load_dwordx4 s[12:15], s[0:1], 0x10
+        s_waitcnt lgkmcnt(0)
+        v_mov_b32_e32 v2, s12
+        v_mov_b32_e32 v3, s14
+    """, [LANES], ["v2", "v3"])
+    assert (out[0] == 64 * 4).all() and (out[1] == 0).all()
+
+
+def test_kernarg_read_past_its_last_granule_faults():
+    """Byte 32 is past the 24-byte segment's last granule. (Mutation: padding the segment to
+    two granules more made this test pass without a fault.)"""
+    expect_fault("memory", """
+        s_load_dword s12, s[0:1], 0x20
+        s_waitcnt lgkmcnt(0)
+        v_mov_b32_e32 v2, s12
+    """)
+
+
 def test_global_store_to_a_read_only_buffer_faults():
     fault = expect_fault("memory", "global_store_dword v1, v2, s[4:5] offset:-256")
     assert "read-only" in fault.message and fault.lane == 0
