@@ -105,6 +105,20 @@ def test_cli_build_prints_the_manifest_table(built, monkeypatch, tmp_path):
     assert (tmp_path / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("heads, rows, requests, expected", [
+    (1, 32, 32, 1),     # S = 1: a workgroup per request and 16 blocks, spread over the blocks
+    (1, 32, 8, 4),      # S = 4: one request's four rows share each page read
+    (1, 48, 8, 4),      # six rows a request: rounded down to a power of two
+    (1, 512, 8, 16),    # long requests: the tile's 16 / H rows at most
+    (4, 64, 8, 4),      # H = 4: the tile holds 16 / 4 rows
+    (8, 64, 64, 1),
+    (1, 3, 8, 1),       # fewer rows than requests (padded batch): one row a workgroup
+])
+def test_decode_tile_rows_follow_rows_per_request(heads, rows, requests, expected):
+    decode = abi.Specialization("index_scores", q="bf16", heads=heads, tiling="decode")
+    assert abi.index_scores_tile_rows(decode, rows, requests) == expected
+
+
 def test_compiler_error_lines_fail_the_build():
     log = "warning: x\nerror: <unknown>:0:0: no libcall available for ftanh\n"
     assert toolchain.error_lines(log) == ["error: <unknown>:0:0: no libcall available for ftanh"]
@@ -114,9 +128,11 @@ def test_compiler_error_lines_fail_the_build():
 def test_grids_come_from_static_shapes():
     spec = abi.Specialization("index_scores", q="bf16", heads=1, tiling="prefill")
     assert abi.index_scores_tile(spec) == (64, 4)
-    assert abi.grid(spec, num_rows=4096, num_blocks=1024) == (64, 256, 1)
+    assert abi.index_scores_tile_rows(spec, num_rows=4096, num_requests=1) == 64
+    assert abi.grid(spec, num_rows=4096, num_blocks=1024, tile_rows=64) == (64, 256, 1)
     decode = abi.Specialization("index_scores", q="e4m3", heads=4, tiling="decode")
-    assert abi.grid(decode, num_rows=32, num_blocks=1024) == (8, 64, 1)
+    assert abi.grid(decode, num_rows=32, num_blocks=1024, tile_rows=4) == (8, 64, 1)
+    assert abi.grid(decode, num_rows=32, num_blocks=1024, tile_rows=1) == (32, 64, 1)
     split = abi.Specialization("sparse_attention", q="bf16", group=16, output="bf16", path="split")
     assert abi.grid(split, num_rows=256, num_partitions=4) == (256, 4, 1)
     with pytest.raises(ValueError):

@@ -60,14 +60,16 @@ def _cases():
         ),
         "index_decode": (
             index(), (bf16(8, 1, 128), POOL, i32(8, 16), i32(8), i32(8)),
-            [("jax_mxfp4_index_scores_qbf16_h1_decode", {"num_rows": 8, "num_blocks": 16},
+            [("jax_mxfp4_index_scores_qbf16_h1_decode",
+              {"num_rows": 8, "num_blocks": 16, "tile_rows": 1},
               {"num_rows": 8, "num_pages": 64, "num_requests": 8, "table_width": 16,
-               "num_blocks": 16, "score_scale": score})],
+               "num_blocks": 16, "tile_rows": 1, "score_scale": score})],
         ),
         "index_prefill_e4m3": (
             index(), (e4m3(512, 4, 128), POOL, i32(1, 16), i32(512), i32(512)),
-            [("jax_mxfp4_index_scores_qe4m3_h4_prefill", {"num_rows": 512, "num_blocks": 16},
-              {"num_rows": 512, "num_requests": 1, "num_blocks": 16})],
+            [("jax_mxfp4_index_scores_qe4m3_h4_prefill",
+              {"num_rows": 512, "num_blocks": 16, "tile_rows": 16},
+              {"num_rows": 512, "num_requests": 1, "num_blocks": 16, "tile_rows": 16})],
         ),
         "attention_split": (
             attention(), (bf16(2, 16, 128), KV, KV, i32(2, 1, 16), i32(2, 1)),

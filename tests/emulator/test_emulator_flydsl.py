@@ -68,10 +68,13 @@ def index_case(rng, spec):
     return case
 
 
-def run_index_scores(built, spec, case):
+def run_index_scores(built, spec, case, tile_rows=None):
+    """Launch ``spec`` on ``case`` with the lowering's ``tile_rows`` (or the one given)."""
     co = built[1][spec.symbol]
     launch = Launch()
     rows, nb = case.q.shape[0], case.num_blocks
+    if tile_rows is None:
+        tile_rows = abi.index_scores_tile_rows(spec, rows, case.block_table.shape[0])
     out = garbage_like((spec.heads, rows, nb), np.float32)
     values = {"q": launch.buffer(np.ascontiguousarray(case.q), name="q"),
               "index_pool": launch.buffer(case.pool, name="index_pool"),
@@ -82,8 +85,8 @@ def run_index_scores(built, spec, case):
               "num_rows": rows, "num_pages": case.pool.shape[0],
               "num_requests": case.block_table.shape[0],
               "table_width": case.block_table.shape[1], "num_blocks": nb,
-              "score_scale": float(folded_score_scale(SM_SCALE))}
-    report = run_flydsl(co, launch, values, num_rows=rows, num_blocks=nb)
+              "tile_rows": tile_rows, "score_scale": float(folded_score_scale(SM_SCALE))}
+    report = run_flydsl(co, launch, values, num_rows=rows, num_blocks=nb, tile_rows=tile_rows)
     return out, report
 
 
@@ -97,6 +100,29 @@ def test_index_scores_bit_exact(built, rng, spec):
     assert oracle.bits_equal(got, want).all(), np.argwhere(~oracle.bits_equal(got, want))[:5]
     assert np.isneginf(want).any() and np.isfinite(want).any()
     assert report.by_class["mfma"] > 0
+
+
+DECODE_SPECS = [s for s in INDEX_SPECS if s.tiling == "decode"]
+
+
+@pytest.mark.parametrize("spec", DECODE_SPECS, ids=lambda s: s.symbol.removeprefix("jax_mxfp4_"))
+def test_decode_tile_of_mixed_requests_bit_exact(built, rng, spec):
+    """A decode workgroup whose rows belong to several requests in shuffled order (the
+    lowering gives it one request's rows; any ``tile_rows`` up to the tile must stay correct):
+    the full tile of ``16 / H`` rows, and 3, over 4 requests of 3 rows, permuted. (Mutation:
+    a decode workgroup scoring only its first row's request (the row loop run once) failed
+    these four and none of test_index_scores_bit_exact, whose rows come in request order.)"""
+    case = decode_index_case(rng, [300, 33, 128, 257], 3, num_heads=spec.heads, num_blocks=5,
+                             table_width=6, num_pages=24, q_dtype=spec.q, scale_lo=100,
+                             scale_hi=150)
+    order = rng.permutation(case.q.shape[0])
+    case = dataclasses.replace(case, q=case.q[order], positions=case.positions[order],
+                               requests=case.requests[order])
+    want = oracle.index_scores(*case.args(), num_blocks=case.num_blocks, sm_scale=SM_SCALE)
+    for tile_rows in sorted({abi.index_scores_tile(spec)[0], 3}):
+        got, _ = run_index_scores(built, spec, case, tile_rows=tile_rows)
+        assert oracle.bits_equal(got, want).all(), (tile_rows, np.argwhere(
+            ~oracle.bits_equal(got, want))[:5])
 
 
 # ---- sparse attention ---------------------------------------------------------------------------

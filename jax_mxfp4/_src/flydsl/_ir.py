@@ -407,6 +407,18 @@ def when(cond) -> Iterator[None]:
         scf.YieldOp([])
 
 
+def branch(cond, types: Sequence, then: Callable[[], Sequence],
+           otherwise: Callable[[], Sequence]) -> list:
+    """``then() if cond else otherwise()``: both return values of ``types``, and only the side
+    taken runs (under a wave-uniform ``cond`` a scalar branch, so loads in ``then`` are not
+    issued when it is false)."""
+    op = scf.IfOp(raw(cond), list(types), has_else=True)
+    for block, side in ((op.then_block, then), (op.else_block, otherwise)):
+        with ir.InsertionPoint(block):
+            scf.YieldOp([raw(v) for v in side()])
+    return list(op.results)
+
+
 def loop(lower, upper, init: Sequence, body: Callable[[ir.Value, list], Sequence]) -> list:
     """``for i in range(lower, upper)`` (i32 bounds, step 1) carrying ``init`` values;
     ``body(i, carried) -> new carried``. Returns the final carried values."""

@@ -147,9 +147,27 @@ BLOCKS_PER_WAVE = 4  # consecutive blocks a wave scores before one merged 16-byt
 
 
 def index_scores_tile(spec: Specialization) -> tuple[int, int]:
-    """``(rows, blocks)`` one index_scores workgroup covers."""
+    """``(rows, blocks)`` one index_scores workgroup covers at most (its MFMA columns hold
+    ``rows x H`` (row, head) pairs)."""
     col_tiles, block_waves = TILINGS[spec.tiling]
     return col_tiles * 16 // spec.heads, block_waves * BLOCKS_PER_WAVE
+
+
+def index_scores_tile_rows(spec: Specialization, num_rows: int, num_requests: int) -> int:
+    """The rows one index_scores workgroup takes (the ``tile_rows`` kernel argument).
+
+    Prefill tiling: its full tile. Decode tiling: the rows per request ``T // B`` rounded down
+    to a power of two, at most the tile's ``16 / H``. In the usual row order a workgroup then
+    holds one request's rows, whose pages it reads once for all of them, and a one-row request
+    (S = 1) gets a workgroup per ``16`` blocks: the grid spreads over the blocks and fills the
+    machine instead of walking 16 requests in one workgroup. Any row order stays correct (a
+    workgroup scores each request among its rows in turn); this only sets the speed.
+    """
+    most = index_scores_tile(spec)[0]
+    if spec.tiling == "prefill":
+        return most
+    per_request = max(1, num_rows // max(1, num_requests))
+    return min(most, 1 << (per_request.bit_length() - 1))
 
 
 # --- grids --------------------------------------------------------------------------------------
@@ -161,7 +179,8 @@ BLOCK_THREADS = {"write_cache": 256, "index_scores": 256, "sparse_attention": 25
 def grid(spec: Specialization, **dims: int) -> tuple[int, int, int]:
     """The launch grid (in workgroups) from static shapes.
 
-    write_cache: ``num_tokens, num_heads``; index_scores: ``num_rows, num_blocks``;
+    write_cache: ``num_tokens, num_heads``; index_scores: ``num_rows, num_blocks, tile_rows``
+    (:func:`index_scores_tile_rows`);
     sparse_attention: ``num_rows`` (R) and ``num_partitions`` (1 for direct);
     attention_merge: ``num_rows``.
     """
@@ -171,8 +190,8 @@ def grid(spec: Specialization, **dims: int) -> tuple[int, int, int]:
     if spec.op == "write_cache":
         return cdiv(dims["num_tokens"] * dims["num_heads"] * 4, 256), 1, 1
     if spec.op == "index_scores":
-        rows, blocks = index_scores_tile(spec)
-        return cdiv(dims["num_rows"], rows), cdiv(dims["num_blocks"], blocks), 1
+        blocks = index_scores_tile(spec)[1]
+        return cdiv(dims["num_rows"], dims["tile_rows"]), cdiv(dims["num_blocks"], blocks), 1
     if spec.op == "sparse_attention":
         parts = 1 if spec.path == "direct" else dims["num_partitions"]
         return max(1, dims["num_rows"]), parts, 1

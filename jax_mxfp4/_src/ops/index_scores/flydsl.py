@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jax_mxfp4._src.core.scaling import folded_score_scale
 from jax_mxfp4._src.flydsl import launch as _launch
-from jax_mxfp4._src.flydsl.abi import Specialization, index_scores_tile
+from jax_mxfp4._src.flydsl.abi import Specialization, index_scores_tile, index_scores_tile_rows
 from jax_mxfp4._src.flydsl.code_object import code_object
 from jax_mxfp4._src.gpu import launch as launcher
 
@@ -46,14 +46,17 @@ def lower(ctx, call, q, pool, table, positions, requests):
     rows = q_aval.shape[0]
     num_requests, width = table_aval.shape
     num_blocks = call.params["num_blocks"]
-    co = code_object(_spec(call), arch=call.target.arch)
-    grid = _launch.empty_or(co.grid(num_rows=rows, num_blocks=num_blocks), rows, num_blocks,
-                            num_requests)
+    spec = _spec(call)
+    co = code_object(spec, arch=call.target.arch)
+    tile_rows = index_scores_tile_rows(spec, rows, num_requests)
+    grid = _launch.empty_or(co.grid(num_rows=rows, num_blocks=num_blocks, tile_rows=tile_rows),
+                            rows, num_blocks, num_requests)
     launch = _launch.launch(
         co, grid,
         buffers=("q", "index_pool", "block_table", "positions", "requests", "out"),
         scalars={"num_rows": rows, "num_pages": pool_aval.shape[0],
                  "num_requests": num_requests, "table_width": width, "num_blocks": num_blocks,
+                 "tile_rows": tile_rows,
                  "score_scale": folded_score_scale(call.params["sm_scale"])})
     return launcher.emit(ctx, launch, [q, pool, table, positions, requests], call.avals_in,
                          call.avals_out)

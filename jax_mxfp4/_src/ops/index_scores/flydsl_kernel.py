@@ -12,11 +12,16 @@ Work split (4 waves of 64 lanes per workgroup):
   and 4 consecutive blocks; the workgroup covers ``rows x blocks`` =
   :func:`.abi.index_scores_tile` — prefill tiling: 4 column tiles share each page
   (64 rows at H = 1), decode tiling: one column tile, 4 waves on different blocks;
-* the workgroup walks the distinct requests ("segments") of its rows; for each, every page it
-  needs is staged **still MXFP4** in LDS (8704 bytes per page, 16-byte cooperative copies)
-  and read back as the A operand (lane (g, i) holds token i's bytes 16g..16g+15 and its scale
-  byte g); columns of other requests are masked, so any row order is correct (repeats of a
-  request recompute identical values);
+* the workgroup takes ``tile_rows`` rows (:func:`.abi.index_scores_tile_rows`: the full tile
+  for prefill, the rows of one request for decode) and walks their distinct requests
+  ("segments"); columns of other requests are masked, so any row order is correct (repeats of
+  a request recompute identical values);
+* prefill tiling: every page a segment needs is staged **still MXFP4** in LDS (8704 bytes per
+  page, 16-byte cooperative copies), then read back as the A operand by the 4 column tiles;
+* decode tiling (``_segment_direct``): a wave reads its own 4 pages straight from global
+  memory into the A operand, all page loads issued before the first MFMA, no LDS and no
+  barrier; a page no live column reaches is not read (a wave-uniform branch);
+* either way lane (g, i) holds token i's bytes 16g..16g+15 and its scale byte g;
 * the causal mask is ``j*128 + k <= position``; pages past every row's reach are not loaded;
   a page id outside ``[0, P)``, a padding row or a request outside ``[0, B)`` scores ``-inf``;
   a live token whose logit is not finite (a scale byte 255 in any of its groups, a NaN query
@@ -58,6 +63,7 @@ ARGS = (
     Arg("num_requests", "i32", "B"),
     Arg("table_width", "i32", "W (>= NB)"),
     Arg("num_blocks", "i32", "NB"),
+    Arg("tile_rows", "i32", "rows per workgroup (abi.index_scores_tile_rows)"),
     Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
 )
 
@@ -75,19 +81,23 @@ class _Geometry:
         self.rows, self.blocks = index_scores_tile(spec)
         self.rows_per_tile = 16 // spec.heads
         self.threads_per_page = THREADS // self.block_waves
-        self.keys_offset = self.block_waves * PAGE_BYTES  # LDS: staged pages, then row keys
+        # decode: each wave reads its pages from global memory into the MFMA operands itself;
+        # prefill: the waves share pages staged in LDS, then the row keys
+        self.direct = spec.tiling == "decode"
+        self.keys_offset = 0 if self.direct else self.block_waves * PAGE_BYTES
 
 
 def _lane_setup(g: _Geometry, a) -> ir.LaneContext:
     c = ir.lane_context()
     c.col_tile = ir.srem(c.wave, ir.ci32(g.col_tiles))
     c.bwave = ir.sdiv(c.wave, ir.ci32(g.col_tiles))
-    c.row0 = ir.mul(ir.block_id("x"), ir.ci32(g.rows))
+    c.row0 = ir.mul(ir.block_id("x"), a.tile_rows)
     c.jstep = ir.mul(ir.block_id("y"), ir.ci32(g.blocks))
     c.head = ir.srem(c.col, ir.ci32(g.heads))
     local = ir.add(ir.mul(c.col_tile, ir.ci32(g.rows_per_tile)), ir.sdiv(c.col, ir.ci32(g.heads)))
     c.t = ir.add(c.row0, local)
-    c.t_ok = ir.lt(c.t, a.num_rows)
+    c.in_tile = ir.lt(local, a.tile_rows)
+    c.t_ok = ir.land(c.in_tile, ir.lt(c.t, a.num_rows))
     c.t_safe = ir.select(c.t_ok, c.t, ir.ci32(0))
     pos = _load_i32(a.positions, c.t_safe)
     req = _load_i32(a.requests, c.t_safe)
@@ -110,7 +120,7 @@ def _publish_row_keys(g: _Geometry, c: ir.LaneContext, lds) -> None:
     loads per row (a round trip to memory each). The caller's barrier makes it visible."""
     first_lane_of_row = ir.land(ir.land(ir.eq(c.grp, ir.ci32(0)), ir.eq(c.head, ir.ci32(0))),
                                 ir.eq(c.bwave, ir.ci32(0)))
-    with ir.when(ir.land(first_lane_of_row, ir.lt(c.t, ir.add(c.row0, ir.ci32(g.rows))))):
+    with ir.when(ir.land(first_lane_of_row, c.in_tile)):
         at = ir.add(ir.ci32(g.keys_offset), ir.mul(ir.sub(c.t, c.row0), ir.ci32(8)))
         live = ir.ne(c.key, ir.ci32(-1))
         ir.store(c.key, lds, at, align=4)
@@ -126,13 +136,13 @@ def _row_key(g: _Geometry, lds, r):
     return key, pos
 
 
-def _max_position(g: _Geometry, lds):
+def _max_position(g: _Geometry, a, lds):
     """Largest live position among the workgroup's rows (-1 if none), uniform."""
     def body(r, carried):
         _, pos = _row_key(g, lds, r)
         return [ir.smax(carried[0], pos)]
 
-    return ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-1)], body)[0]
+    return ir.loop(ir.ci32(0), a.tile_rows, [ir.ci32(-1)], body)[0]
 
 
 def _query_operand(g: _Geometry, a, c: ir.LaneContext):
@@ -195,22 +205,57 @@ def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
     ir.store(data, lds, ir.add(lds_base, offset), align=16)
 
 
-def _score_block(lds, c: ir.LaneContext, b_operand, owned, page_ok, j):
-    """Max over the page's live tokens of this lane's column, reduced over the lane groups;
-    NaN when a live token's logit is not finite (a NaN key scale, a NaN query, an overflow:
-    SPEC §9.2), tracked explicitly (``fmax`` drops NaN)."""
-    slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
+TOKEN_TILES = 8  # 16-token MFMA tiles per 128-token page
+
+
+def _tile_types():
+    """The MLIR types of one page's operands as :func:`_flat` lists them."""
+    return [ir.vec(4, ir.i32())] * TOKEN_TILES + [ir.i32()] * TOKEN_TILES
+
+
+def _flat(tiles) -> list:
+    return [a4 for a4, _ in tiles] + [scale for _, scale in tiles]
+
+
+def _unflat(values) -> list:
+    return list(zip(values[:TOKEN_TILES], values[TOKEN_TILES:], strict=True))
+
+
+def _page_tiles(ptr, base, c: ir.LaneContext, *, wide: bool) -> list:
+    """One page's A operands at byte ``base`` of ``ptr`` (LDS or global): per 16-token tile
+    ``m``, lane (g, i) takes token ``16m + i``'s data bytes ``16g..16g+15`` (a 4-dword
+    vector) and its scale byte ``g`` (as i32). ``base`` is i32 for LDS, i64 (``wide``) for
+    global memory."""
+    widen = ir.zext64 if wide else (lambda v: v)
+    tiles = []
+    for m in range(TOKEN_TILES):
+        token = ir.add(ir.ci32(16 * m), c.col)
+        data_at = ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp, ir.ci32(16)))
+        scale_at = ir.add(ir.ci32(SCALE_OFFSET), ir.add(ir.mul(token, ir.ci32(4)), c.grp))
+        a4 = ir.load(ir.vec(4, ir.i32()), ptr, ir.add(base, widen(data_at)), align=16)
+        scale = ir.zext32(ir.load(ir.i8(), ptr, ir.add(base, widen(scale_at)), align=1))
+        tiles.append((a4, scale))
+    return tiles
+
+
+def _global_page_tiles(a, c: ir.LaneContext, page, wanted) -> list:
+    """:func:`_page_tiles` of index page ``page`` read from global memory when ``wanted``
+    (wave-uniform: a scalar branch, so an unwanted page costs no traffic), zeros otherwise."""
+    base = ir.mul(ir.zext64(page), ir.ci64(PAGE_BYTES))
+    zeros = [ir.splat(ir.vec(4, ir.i32()), 0)] * TOKEN_TILES + [ir.ci32(0)] * TOKEN_TILES
+    return _unflat(ir.branch(wanted, _tile_types(),
+                             lambda: _flat(_page_tiles(ir.global_ptr(a.index_pool), base, c,
+                                                        wide=True)),
+                             lambda: zeros))
+
+
+def _score_tiles(tiles, c: ir.LaneContext, b_operand, usable, limit):
+    """Max over a page's live tokens (``k <= limit``, where ``usable``) of this lane's column,
+    reduced over the lane groups; NaN when a live token's logit is not finite (a NaN key
+    scale, a NaN query, an overflow: SPEC §9.2), tracked explicitly (``fmax`` drops NaN)."""
     best = ir.cf32(ir.NEG_INF)
     poisoned = ir.cf32(0.0)
-    limit = ir.sub(c.pos, ir.mul(j, ir.ci32(128)))  # token k is live iff k <= limit
-    usable = ir.land(owned, page_ok)
-    for m in range(8):
-        token = ir.add(ir.ci32(16 * m), c.col)
-        data_at = ir.add(slot_base, ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp, ir.ci32(16))))
-        a4 = ir.load(ir.vec(4, ir.i32()), lds, data_at, align=16)
-        scale_at = ir.add(slot_base, ir.add(ir.ci32(SCALE_OFFSET),
-                                            ir.add(ir.mul(token, ir.ci32(4)), c.grp)))
-        scale = ir.zext32(ir.load(ir.i8(), lds, scale_at, align=1))
+    for m, (a4, scale) in enumerate(tiles):
         d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
                                     fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
                                     scale_a=scale, scale_b=ir.ci32(127))
@@ -229,6 +274,11 @@ def _score_block(lds, c: ir.LaneContext, b_operand, owned, page_ok, j):
     return ir.select(ir.fgt(poisoned, ir.cf32(0.0)), ir.cf32(float("nan")), best)
 
 
+def _limit(c: ir.LaneContext, j):
+    """Token ``k`` of block ``j`` is live for this lane's row iff ``k <= limit``."""
+    return ir.sub(c.pos, ir.mul(j, ir.ci32(128)))
+
+
 def _store_scores(g: _Geometry, a, c: ir.LaneContext, values, mask) -> None:
     """Lane (g, i) stores ``values[g]`` for block ``jstep + 4*bwave + g`` of its column."""
     value = values[0]
@@ -241,18 +291,43 @@ def _store_scores(g: _Geometry, a, c: ir.LaneContext, values, mask) -> None:
         ir.store(value, ir.global_ptr(a.out), ir.mul(at, ir.ci64(4)), align=4)
 
 
-def _segment(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
-    """Score every block of this step for the columns of request ``key``."""
+def _wave_block(c: ir.LaneContext, u: int):
+    """Block ``u`` of this wave's ``BLOCKS_PER_WAVE`` consecutive blocks (uniform)."""
+    return ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
+
+
+def _segment_staged(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
+    """Prefill tiling: score every block of this step for the columns of request ``key``, each
+    page staged in LDS once for the workgroup's column tiles."""
     owned = ir.eq(c.key, key)
+    slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
     maxima = []
     for u in range(BLOCKS_PER_WAVE):
         _stage_pages(g, a, c, lds, key, u, maxpos)
         ir.barrier()
-        j = ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
+        j = _wave_block(c, u)
         _, page_ok = _page_of(a, key, j)
-        best = _score_block(lds, c, b_operand, owned, page_ok, j)
+        best = _score_tiles(_page_tiles(lds, slot_base, c, wide=False), c, b_operand,
+                            ir.land(owned, page_ok), _limit(c, j))
         maxima.append(ir.fmul(best, a.score_scale))
         ir.barrier()
+    _store_scores(g, a, c, maxima, owned)
+
+
+def _segment_direct(g: _Geometry, a, c: ir.LaneContext, b_operand, key, maxpos) -> None:
+    """Decode tiling: each wave scores its own blocks for the columns of request ``key``,
+    reading the pages straight into its MFMA operands (no LDS, no barrier). The table entries
+    are looked up first, then every wanted page's loads are issued before the first MFMA, so
+    a wave has its whole share of pages in flight at once."""
+    owned = ir.eq(c.key, key)
+    blocks = [_wave_block(c, u) for u in range(BLOCKS_PER_WAVE)]
+    pages = [_page_of(a, key, j) for j in blocks]
+    staged = [_global_page_tiles(a, c, page, ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos)))
+              for j, (page, ok) in zip(blocks, pages, strict=True)]
+    maxima = []
+    for j, (_, ok), tiles in zip(blocks, pages, staged, strict=True):
+        best = _score_tiles(tiles, c, b_operand, ir.land(owned, ok), _limit(c, j))
+        maxima.append(ir.fmul(best, a.score_scale))
     _store_scores(g, a, c, maxima, owned)
 
 
@@ -261,7 +336,7 @@ def _body(g: _Geometry, a) -> None:
     c = _lane_setup(g, a)
     _publish_row_keys(g, c, lds)
     ir.barrier()
-    maxpos = _max_position(g, lds)
+    maxpos = _max_position(g, a, lds)
     reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
     neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
     _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
@@ -271,10 +346,13 @@ def _body(g: _Geometry, a) -> None:
         def row(r, carried):
             key, _ = _row_key(g, lds, r)
             with ir.when(ir.land(ir.ge(key, ir.ci32(0)), ir.ne(key, carried[0]))):
-                _segment(g, a, c, lds, b_operand, key, maxpos)
+                if g.direct:
+                    _segment_direct(g, a, c, b_operand, key, maxpos)
+                else:
+                    _segment_staged(g, a, c, lds, b_operand, key, maxpos)
             return [key]
 
-        ir.loop(ir.ci32(0), ir.ci32(g.rows), [ir.ci32(-2)], row)
+        ir.loop(ir.ci32(0), a.tile_rows, [ir.ci32(-2)], row)
 
 
 def build(spec: Specialization):
