@@ -94,7 +94,7 @@ def test_emulate_launch_json(dumped_launches):
     assert set(record["unit_busy"]) == {"valu", "mfma", "data", "lds"}
     assert record["instructions"]["mfma"] > 0 and record["instructions_per_wave"]["valu"] > 0
     assert record["sampled"] is False and record["workgroups_run"] == record["workgroups"]
-    assert LABEL in out and "all 1 workgroup ran" in out
+    assert LABEL in out and "all 2 workgroups ran" in out  # a decode row each (tile_rows 1)
     status, out, _ = _cli("emulate", "--launch", str(dumped_launches[0][0]), "--workgroups", "1")
     assert status == 0 and "a sample of 1 of its 2 workgroups ran" in out
 
