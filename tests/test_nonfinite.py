@@ -1,5 +1,6 @@
-"""Non-finite values (SPEC §9.2) on every CPU backend: the reference, the C++ handlers with
-their SIMD kernels and with the portable ones, against the float64 oracle.
+"""Non-finite values (SPEC §9.2) on every backend here: the reference, the C++ handlers with
+their SIMD kernels and with the portable ones, and the emulated ROCm backends (gfx950: the
+FlyDSL kernels where they cover a call; gfx942: Triton), against the float64 oracle.
 
 * index_scores: a live token whose logit is not finite (a NaN key scale byte, a NaN query
   element, an infinite one kept by ``q_round="none"``, a dot product past the fp32 range) makes
@@ -14,6 +15,11 @@ sparse_attention (exact zeros for the poisoned q heads, their other keys discard
 overflow case of index_scores (+inf or -inf scores where the summation order overflowed
 without meeting the opposite infinity). The issue saw the AVX-512 scorer give +-inf where the
 portable one gave NaN: one class now, NaN.
+
+Mutation of the FlyDSL scorer (gfx950): folding its logits with NaN-dropping ``fmax`` /
+``fmin`` in place of ``maximum`` / ``minimum`` failed
+test_index_nan_key_scale_and_nan_query[emulated-gfx950] (finite scores for the NaN key
+scale and the NaN query).
 """
 
 from __future__ import annotations
@@ -21,18 +27,22 @@ from __future__ import annotations
 import numpy as np
 import oracle
 import pytest
-from conftest import SM_SCALE, attention_case, call, decode_index_case
+from conftest import EMULATED, SM_SCALE, attention_case, call, decode_index_case
 
 from jax_mxfp4._src import ffi_targets as ft
 
 needs_ffi = pytest.mark.skipif(not ft.register_cpu_targets(),
                                reason="the C++ extension jax_mxfp4._ffi_cpu is not built")
-IMPLS = ["reference", "native", "generic"]
+IMPLS = ["reference", "native", "generic", *EMULATED]
+"""Taken through conftest's ``impl`` fixture (``indirect``), which gives an emulated backend
+the session's FlyDSL build."""
 
 
 def run(impl, monkeypatch, fn, *args, **static):
-    """``fn`` of the reference, or of the public API with the SIMD (native) or portable
-    (generic) kernels of the C++ handlers."""
+    """``fn`` of the reference, of the public API with the SIMD (native) or portable
+    (generic) kernels of the C++ handlers, or of the public API on an emulated backend."""
+    if impl in EMULATED:
+        return call(impl, fn, *args, **static)
     if impl == "generic":
         monkeypatch.setenv("JAX_MXFP4_CPU_ISA", "generic")
     else:
@@ -84,7 +94,7 @@ def index_scores(impl, monkeypatch, case, q_round="e4m3"):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_index_nan_key_scale_and_nan_query(impl, monkeypatch, rng):
     case = index_case(rng)
     case.pool[case.block_table[0, 1], 8192 + 4 * 5 + 1] = 255  # live token 5, block 1, req 0
@@ -96,7 +106,7 @@ def test_index_nan_key_scale_and_nan_query(impl, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 @pytest.mark.parametrize("q_round", ["e4m3", "none"])
 def test_index_infinite_query(impl, q_round, monkeypatch, rng):
     """An infinite bf16 query element: kept by ``q_round="none"`` (NaN scores), saturated to
@@ -109,7 +119,7 @@ def test_index_infinite_query(impl, q_round, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_index_dot_product_overflow_is_nan(impl, monkeypatch, rng):
     """``q_round="none"``: bf16 queries near 2**120 against keys at scale byte 200 give dot
     products past FLT_MAX with both signs, so the summation order decides between +inf,
@@ -127,7 +137,7 @@ def test_index_dot_product_overflow_is_nan(impl, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_index_garbage_past_the_position_never_leaks(impl, monkeypatch, rng):
     """NaN and byte-255 tokens past every row's position change nothing."""
     case = index_case(rng)
@@ -161,7 +171,7 @@ def expected(case):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_attention_poisoned_keys_and_queries_give_nan_rows(impl, monkeypatch, rng):
     case = attn_case(rng)
     page = case.page_table[0, 1, 1]  # row (0, kv 1): a live token of its second page
@@ -176,7 +186,7 @@ def test_attention_poisoned_keys_and_queries_give_nan_rows(impl, monkeypatch, rn
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_attention_logit_overflow_is_nan(impl, monkeypatch, rng):
     """A bf16 query near 2**127 against keys at scale byte 250: logits past FLT_MAX."""
     case = attn_case(rng)
@@ -188,7 +198,7 @@ def test_attention_logit_overflow_is_nan(impl, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_attention_nonfinite_values_follow_ieee(impl, monkeypatch, rng):
     """A live V token with scale byte 255 makes its 32 output dims NaN; an element past the
     fp32 range (byte 254, code 4: 2**129) makes its dim +inf where every weight is positive."""
@@ -209,7 +219,7 @@ def test_attention_nonfinite_values_follow_ieee(impl, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_attention_garbage_past_the_context_never_leaks(impl, monkeypatch, rng):
     """NaN scales and NaN/inf-producing bytes in K and V past each row's context, in the
     tail of its last page and in the table slots past its pages, change nothing."""
@@ -229,7 +239,7 @@ def test_attention_garbage_past_the_context_never_leaks(impl, monkeypatch, rng):
 
 
 @needs_ffi
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS, indirect=True)
 def test_attention_mxfp8_of_a_nan_row(impl, monkeypatch, rng):
     """The MXFP8 output of a NaN row is the MXFP8 quantization of the bf16 output."""
     case = attn_case(rng)

@@ -21,6 +21,7 @@ ir = LazyModule("flydsl._mlir.ir")
 arith = LazyModule("flydsl._mlir.dialects.arith")
 llvm = LazyModule("flydsl._mlir.dialects.llvm")
 scf = LazyModule("flydsl._mlir.dialects.scf")
+math = LazyModule("flydsl._mlir.dialects.math")
 vector = LazyModule("flydsl._mlir.dialects.vector")
 gpu = LazyModule("flydsl.expr.gpu")
 rocdl = LazyModule("flydsl.expr.rocdl")
@@ -28,6 +29,7 @@ _flydsl_arith = LazyModule("flydsl.expr.arith")
 
 _DYNAMIC_INDEX = -(2**31)
 NEG_INF = float("-inf")
+FLT_MAX = 3.4028234663852886e38  # the largest finite fp32
 
 
 def raw(x) -> ir.Value:
@@ -365,6 +367,27 @@ def uniform(x):
     return rocdl.readfirstlane(i32(), raw(x))
 
 
+def all_lanes(cond):
+    """Whether ``cond`` (i1) holds in every active lane of the wave: a wave-uniform i1 (a
+    ballot of its negation compared with 0, in SGPRs)."""
+    return eq(ballot(lnot(cond)), ci64(0))
+
+
+def ballot(cond):
+    """The wave's i64 lane mask of ``cond`` (bit l: lane l active and ``cond`` true there)."""
+    return rocdl.ballot(i64(), raw(cond))
+
+
+def first_lane(mask):
+    """The lowest set bit of the nonzero i64 lane ``mask`` (i32, uniform: ``s_ff1``)."""
+    return trunc32(math.cttz(raw(mask)))
+
+
+def read_lane(x, lane):
+    """The i32 ``x`` of lane ``lane`` (uniform ``lane``; ``v_readlane``), uniform."""
+    return rocdl.readlane(i32(), raw(x), raw(lane))
+
+
 def lane_xor_f32(x, lane, mask: int):
     """The f32 ``x`` of lane ``lane ^ mask`` (``ds_bpermute``)."""
     src = f32_bits(x)
@@ -426,6 +449,21 @@ def loop(lower, upper, init: Sequence, body: Callable[[ir.Value, list], Sequence
     with ir.InsertionPoint(op.body):
         out = body(op.induction_variable, list(op.inner_iter_args))
         scf.YieldOp([raw(v) for v in out])
+    return list(op.results)
+
+
+def while_loop(init: Sequence, cond: Callable[[list], object],
+               body: Callable[[list], Sequence]) -> list:
+    """``while cond(carried): carried = body(carried)`` over ``init`` values (``cond`` gives
+    an i1; a uniform one makes a scalar loop). Returns the final carried values."""
+    types = [raw(v).type for v in init]
+    op = scf.WhileOp(types, [raw(v) for v in init])
+    before = op.before.blocks.append(*types)
+    with ir.InsertionPoint(before):
+        scf.ConditionOp(raw(cond(list(before.arguments))), list(before.arguments))
+    after = op.after.blocks.append(*types)
+    with ir.InsertionPoint(after):
+        scf.YieldOp([raw(v) for v in body(list(after.arguments))])
     return list(op.results)
 
 

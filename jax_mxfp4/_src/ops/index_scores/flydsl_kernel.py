@@ -127,22 +127,45 @@ def _publish_row_keys(g: _Geometry, c: ir.LaneContext, lds) -> None:
         ir.store(ir.select(live, c.pos, ir.ci32(-1)), lds, ir.add(at, ir.ci32(4)), align=4)
 
 
-def _row_key(g: _Geometry, lds, r):
-    """(request if the workgroup's row ``r`` is live else -1, position), uniform scalars read
-    from the LDS table of ``_publish_row_keys``."""
-    at = ir.add(ir.ci32(g.keys_offset), ir.mul(r, ir.ci32(8)))
-    key = ir.uniform(ir.load(ir.i32(), lds, at, align=4))
-    pos = ir.uniform(ir.load(ir.i32(), lds, ir.add(at, ir.ci32(4)), align=4))
-    return key, pos
+def _lane_rows(g: _Geometry, a, c: ir.LaneContext, lds):
+    """(key, position) of the workgroup's row ``l`` in lane ``l`` of every wave (``-1, -1``
+    in lanes past ``tile_rows``), read once from the LDS table of ``_publish_row_keys``: the
+    segment walk and the reach then cost a few wave operations, not a scalar loop over the
+    rows."""
+    row = ir.smin(c.lane, ir.ci32(g.rows - 1))
+    at = ir.add(ir.ci32(g.keys_offset), ir.mul(row, ir.ci32(8)))
+    mine = ir.lt(c.lane, a.tile_rows)
+    key = ir.load(ir.i32(), lds, at, align=4)
+    pos = ir.load(ir.i32(), lds, ir.add(at, ir.ci32(4)), align=4)
+    return ir.select(mine, key, ir.ci32(-1)), ir.select(mine, pos, ir.ci32(-1))
 
 
-def _max_position(g: _Geometry, a, lds):
-    """Largest live position among the workgroup's rows (-1 if none), uniform."""
-    def body(r, carried):
-        _, pos = _row_key(g, lds, r)
-        return [ir.smax(carried[0], pos)]
+def _max_position(row_pos):
+    """Largest live position among the workgroup's rows (-1 if none; ``row_pos`` of
+    :func:`_lane_rows`), uniform: a butterfly over the wave's lanes."""
+    lane = ir.band(ir.thread_id(), ir.ci32(63))
+    best = row_pos
+    for mask in (1, 2, 4, 8, 16, 32):
+        other = ir.f32_bits(ir.lane_xor_f32(ir.f32_from_bits(best), lane, mask))
+        best = ir.smax(best, other)
+    return ir.uniform(best)
 
-    return ir.loop(ir.ci32(0), a.tile_rows, [ir.ci32(-1)], body)[0]
+
+def _walk_segments(row_key, score) -> None:
+    """``score(key)`` once for each distinct live request among the workgroup's rows
+    (``row_key`` of :func:`_lane_rows`; every wave walks the same keys in the same order, so
+    the walk is workgroup-uniform): take the lowest pending lane's key, score it, clear every
+    lane holding it."""
+    def pending_lanes(carried):
+        return ir.ballot(ir.ne(carried[0], ir.ci32(0)))
+
+    def step(carried):
+        key = ir.read_lane(row_key, ir.first_lane(pending_lanes(carried)))
+        score(key)
+        return [ir.select(ir.eq(row_key, key), ir.ci32(0), carried[0])]
+
+    pending = ir.select(ir.ge(row_key, ir.ci32(0)), ir.ci32(1), ir.ci32(0))
+    ir.while_loop([pending], lambda carried: ir.ne(pending_lanes(carried), ir.ci64(0)), step)
 
 
 def _query_operand(g: _Geometry, a, c: ir.LaneContext):
@@ -251,27 +274,44 @@ def _global_page_tiles(a, c: ir.LaneContext, page, wanted) -> list:
 
 def _score_tiles(tiles, c: ir.LaneContext, b_operand, usable, limit):
     """Max over a page's live tokens (``k <= limit``, where ``usable``) of this lane's column,
-    reduced over the lane groups; NaN when a live token's logit is not finite (a NaN key
-    scale, a NaN query, an overflow: SPEC §9.2), tracked explicitly (``fmax`` drops NaN)."""
-    best = ir.cf32(ir.NEG_INF)
-    poisoned = ir.cf32(0.0)
-    for m, (a4, scale) in enumerate(tiles):
-        d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
-                                    fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
-                                    scale_a=scale, scale_b=ir.ci32(127))
-        nan_keys = ir.nan_scale_tokens(scale, c)
-        for v in range(4):
-            k = ir.add(ir.ci32(16 * m + v), ir.mul(c.grp, ir.ci32(4)))
-            live = ir.land(usable, ir.le(k, limit))
-            logit = ir.extract(d, v)
-            best = ir.fmax(best, ir.select(live, logit, ir.cf32(ir.NEG_INF)))
-            bad = ir.land(live, ir.lor(ir.not_finite(logit), nan_keys[v]))
-            poisoned = ir.select(bad, ir.cf32(1.0), poisoned)
-    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 16))
-    best = ir.fmax(best, ir.lane_xor_f32(best, c.lane, 32))
-    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 16))
-    poisoned = ir.fmax(poisoned, ir.lane_xor_f32(poisoned, c.lane, 32))
-    return ir.select(ir.fgt(poisoned, ir.cf32(0.0)), ir.cf32(float("nan")), best)
+    reduced over the lane groups: ``-inf`` with no live token, NaN when a live logit is not
+    finite (SPEC §9.2: a scale byte 255 or a NaN query makes the MFMA's dot NaN, an overflow
+    makes it ±inf).
+
+    The logits are folded into NaN-propagating ``maximum`` and ``minimum`` (``v_maximum3`` /
+    ``v_minimum3``): +inf and NaN show in the maximum, -inf in the minimum, so no per-token
+    test is needed. When every usable lane of the wave sees the whole page live (a
+    wave-uniform branch: every page of a decode row but its last) the logits enter as they
+    are; otherwise each is first replaced by ``-FLT_MAX`` past ``limit`` (a finite fill that
+    changes neither the maximum of the live logits, nor, when one is live, whether the
+    minimum is -inf)."""
+    limit = ir.select(usable, limit, ir.ci32(-1))
+    logits = [ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
+                                      fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
+                                      scale_a=scale, scale_b=ir.ci32(127))
+              for a4, scale in tiles]
+
+    def fold(masked: bool):
+        high, low = ir.cf32(ir.NEG_INF), ir.cf32(float("inf"))
+        # token 16m + 4g + v of the page is element v of tile m's accumulator in lane group g
+        first_token = ir.mul(c.grp, ir.ci32(4))
+        for m, d in enumerate(logits):
+            for v in range(4):
+                logit = ir.extract(d, v)
+                if masked:
+                    token = ir.add(first_token, ir.ci32(16 * m + v))
+                    logit = ir.select(ir.le(token, limit), logit, ir.cf32(-ir.FLT_MAX))
+                high, low = ir.fmax_nan(high, logit), ir.fmin_nan(low, logit)
+        return [high, low]
+
+    whole = ir.all_lanes(ir.lor(ir.lnot(usable), ir.ge(limit, ir.ci32(127))))
+    high, low = ir.branch(whole, [ir.f32(), ir.f32()], lambda: fold(False), lambda: fold(True))
+    for mask in (16, 32):
+        high = ir.fmax_nan(high, ir.lane_xor_f32(high, c.lane, mask))
+        low = ir.fmin_nan(low, ir.lane_xor_f32(low, c.lane, mask))
+    poisoned = ir.lor(ir.not_finite(high), ir.eq(ir.f32_bits(low), ir.ci32(0xFF800000)))
+    best = ir.select(poisoned, ir.cf32(float("nan")), high)
+    return ir.select(ir.ge(limit, ir.ci32(0)), best, ir.cf32(ir.NEG_INF))
 
 
 def _limit(c: ir.LaneContext, j):
@@ -336,23 +376,21 @@ def _body(g: _Geometry, a) -> None:
     c = _lane_setup(g, a)
     _publish_row_keys(g, c, lds)
     ir.barrier()
-    maxpos = _max_position(g, a, lds)
+    row_key, row_pos = _lane_rows(g, a, c, lds)
+    maxpos = _max_position(row_pos)
     reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
     neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
     _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
     with ir.when(reach):
         b_operand = _query_operand(g, a, c)
 
-        def row(r, carried):
-            key, _ = _row_key(g, lds, r)
-            with ir.when(ir.land(ir.ge(key, ir.ci32(0)), ir.ne(key, carried[0]))):
-                if g.direct:
-                    _segment_direct(g, a, c, b_operand, key, maxpos)
-                else:
-                    _segment_staged(g, a, c, lds, b_operand, key, maxpos)
-            return [key]
+        def score(key):
+            if g.direct:
+                _segment_direct(g, a, c, b_operand, key, maxpos)
+            else:
+                _segment_staged(g, a, c, lds, b_operand, key, maxpos)
 
-        ir.loop(ir.ci32(0), a.tile_rows, [ir.ci32(-2)], row)
+        _walk_segments(row_key, score)
 
 
 def build(spec: Specialization):
