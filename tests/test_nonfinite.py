@@ -19,7 +19,9 @@ portable one gave NaN: one class now, NaN.
 Mutation of the FlyDSL scorer (gfx950): folding its logits with NaN-dropping ``fmax`` /
 ``fmin`` in place of ``maximum`` / ``minimum`` failed
 test_index_nan_key_scale_and_nan_query[emulated-gfx950] (finite scores for the NaN key
-scale and the NaN query).
+scale and the NaN query). The FlyDSL attention kernel's Markstein quotients without their
+guard for an infinite numerator (``O / l`` gave NaN for a +inf dim) failed
+test_attention_nonfinite_values_follow_ieee[emulated-gfx950].
 """
 
 from __future__ import annotations

@@ -229,6 +229,27 @@ def fdiv(a, b):
     return arith.divf(raw(a), raw(b))
 
 
+def fma(a, b, c):
+    """``a * b + c`` rounded once (``v_fma_f32``)."""
+    return math.fma(raw(a), raw(b), raw(c))
+
+
+def quotient_rn(x, divisor, inverse, *, guard_infinite: bool = True):
+    """``fp32(x / divisor)`` correctly rounded, for fp32 ``x`` and a positive normal
+    ``divisor`` whose correctly rounded reciprocal is ``inverse`` (``fdiv(1, divisor)``, once
+    per divisor): ``q = x * inverse`` is within an ulp, its residual ``x - q * divisor`` is
+    exact in one fma, and one more fma lands on the correctly rounded quotient (Markstein's
+    correction, as the Triton kernels' ``quotient_rn``), in place of a full division's ten
+    operations. An infinite or NaN ``x`` gives ``x * inverse`` (its residual would be NaN), as
+    the division does, unless ``guard_infinite`` is off (a caller whose non-finite ``x``
+    poisons the result anyway saves the test); the quotient must lie inside fp32's range
+    (here it is at most ``|x|`` or 448). An infinite divisor, which poisons its row, gives NaN
+    where a division gives 0 for a finite ``x``."""
+    q = fmul(x, inverse)
+    corrected = fma(fma(arith.negf(q), divisor, x), inverse, q)
+    return select(not_finite(q), q, corrected) if guard_infinite else corrected
+
+
 def fmax(a, b):
     """max that returns the other operand for a NaN one (v_max_f32 semantics)."""
     return arith.maxnumf(raw(a), raw(b))
@@ -399,19 +420,6 @@ def lane_read_f32(x, src_lane):
     """The f32 ``x`` held by lane ``src_lane`` (``ds_bpermute``)."""
     index = shl(src_lane, ci32(2))
     return f32_from_bits(rocdl.ds_bpermute(i32(), raw(index), raw(f32_bits(x))))
-
-
-def nan_scale_tokens(scale, c) -> list:
-    """For the 16x16 MFMA tile whose A operand lane (g, i) holds token i's scale byte of
-    group g (``scale``, i32): whether each of the four tokens ``4g + v`` (v = 0..3) whose
-    accumulator rows this lane holds has a scale byte 255 (NaN keys, SPEC §9.2) in any of
-    its four groups, as i1. Cross-lane: OR over the lane groups, then a read of lane
-    ``4g + v``."""
-    flag = select(eq(scale, ci32(255)), cf32(1.0), cf32(0.0))
-    flag = fmax(flag, lane_xor_f32(flag, c.lane, 16))
-    flag = fmax(flag, lane_xor_f32(flag, c.lane, 32))
-    return [fgt(lane_read_f32(flag, add(mul(c.grp, ci32(4)), ci32(v))), cf32(0.0))
-            for v in range(4)]
 
 
 def barrier() -> None:

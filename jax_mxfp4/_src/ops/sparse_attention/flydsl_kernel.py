@@ -121,7 +121,11 @@ def _query(spec: Specialization, a, c: ir.LaneContext):
     amax = ir.fmax(amax, ir.lane_xor_f32(amax, c.lane, 16))
     amax = ir.fmax(amax, ir.lane_xor_f32(amax, c.lane, 32))
     q_scale = ir.fmax(ir.fdiv(amax, ir.cf32(numerics.E4M3_MAX)), ir.cf32(FLT_MIN))
-    words = numerics.pack_e4m3([ir.fdiv(v, q_scale) for v in values])
+    # no guard needed: a NaN element's quotient is NaN either way, and an infinite element
+    # makes q_scale infinite, whose B scale byte 255 poisons the row in the MFMA
+    inverse = ir.fdiv(ir.cf32(1.0), q_scale)
+    words = numerics.pack_e4m3([ir.quotient_rn(v, q_scale, inverse, guard_infinite=False)
+                                for v in values])
     bits = ir.f32_bits(q_scale)
     byte = ir.band(ir.lshr(bits, ir.ci32(23)), ir.ci32(0xFF))
     mantissa = ir.f32_from_bits(ir.bor(ir.band(bits, ir.ci32(0x7FFFFF)), ir.ci32(0x3F800000)))
@@ -160,14 +164,14 @@ def _scores(a, c: ir.LaneContext, q, base, ok, k, half, poisoned) -> tuple:
         d = ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
                                     fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
                                     scale_a=a_scale, scale_b=b_scale)
-        nan_keys = ir.nan_scale_tokens(a_scale, c)
         for v in range(4):
             tok = ir.add(ir.add(ir.mul(m, ir.ci32(16)), ir.ci32(v)), ir.mul(c.grp, ir.ci32(4)))
             dot = ir.extract(d, v)
             s = ir.fmul(dot, factor)
             live = ir.lt(tok, limit)
-            bad = ir.lor(ir.lor(ir.not_finite(dot), ir.not_finite(s)), nan_keys[v])
-            poisoned = ir.select(ir.land(live, bad), ir.cf32(1.0), poisoned)
+            # a key scale byte 255 or a NaN query element makes the MFMA's dot NaN, and a
+            # non-finite dot a non-finite s (factor > 0, or 0 giving NaN): one test covers all
+            poisoned = ir.select(ir.land(live, ir.not_finite(s)), ir.cf32(1.0), poisoned)
             out.append(ir.select(live, s, ir.cf32(ir.NEG_INF)))
     return out, poisoned
 
@@ -293,7 +297,8 @@ def _epilogue(spec, a, c: ir.LaneContext, lds, stats, qhead, block) -> None:
     for wgt, sm in zip(weights, ls, strict=True):
         total = ir.fadd(total, ir.fmul(wgt, sm))
     nonzero = ir.fgt(total, ir.cf32(0.0))
-    safe = ir.select(nonzero, total, ir.cf32(1.0))
+    safe = ir.select(nonzero, total, ir.cf32(1.0))  # >= 1 when nonzero: the top wave's sum
+    inverse = ir.fdiv(ir.cf32(1.0), safe)
     values = []
     for chunk in range(8):
         rocdl.sched_barrier(0)  # one 4-dim chunk of the 4 waves' O at a time (register pressure)
@@ -305,7 +310,7 @@ def _epilogue(spec, a, c: ir.LaneContext, lds, stats, qhead, block) -> None:
             four = ir.load(ir.vec(4, ir.f32()), lds, at, align=16)
             o = [ir.fadd(o[e], ir.fmul(weights[w], ir.extract(four, e))) for e in range(4)]
         for e in range(4):
-            restored = ir.fmul(ir.fdiv(o[e], safe), ir.cf32(1.0 / P_PRESCALE))
+            restored = ir.fmul(ir.quotient_rn(o[e], safe, inverse), ir.cf32(1.0 / P_PRESCALE))
             value = ir.select(nonzero, restored, ir.cf32(0.0))
             values.append(ir.select(poisoned, ir.cf32(float("nan")), value))
     row_head = ir.add(ir.mul(c.row, ir.ci32(spec.group)), qhead)
