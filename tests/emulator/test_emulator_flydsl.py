@@ -29,6 +29,10 @@ failing tests are listed, not only the ones meant to catch it):
   tests/test_sparse_attention.py [emulated-gfx950] (test_matches_oracle for every group size,
   ragged contexts, context zero, out-of-range page ids, extreme scales, PV range, ...): 29.
 
+* prefill page DMA (index_scores ``_dma_page``): every wave copying chunks 0, 4, 8 (the
+  wave left out of the chunk), or every page copied into buffer 0 (the one the waves are
+  reading) -> all 4 prefill cases of test_index_scores_bit_exact.
+
 The first two counts were taken when only the prebuilt G = 16 / H = 1, 4 code objects were
 used; other sizes now build their FlyDSL kernels on demand, so more tests run them.
 """

@@ -347,16 +347,51 @@ def gep(ptr, byte_offset):
     return llvm.GEPOp(ptr.type, ptr, [raw(byte_offset)], [_DYNAMIC_INDEX], i8(), 0).result
 
 
-def load(ty: ir.Type, ptr, byte_offset=None, *, align: int):
+class AliasScopes:
+    """``count`` disjoint LLVM alias scopes of one domain: an access tagged ``scope(i)``
+    (:func:`load`, :func:`load_to_lds`) is declared not to alias one tagged ``scope(k)``,
+    k != i. What lets LLVM's waitcnt pass see that an LDS read of one staging buffer need
+    not wait for a global-to-LDS DMA into another still in flight."""
+
+    def __init__(self, count: int, name: str) -> None:
+        domain = f'#llvm.alias_scope_domain<id = distinct[0]<>, description = "{name}">'
+        scopes = ", ".join(f'#llvm.alias_scope<id = distinct[{i + 1}]<>, domain = {domain}>'
+                           for i in range(count))
+        self._scopes = list(ir.ArrayAttr(ir.Attribute.parse(f"[{scopes}]")))
+
+    def scope(self, i: int) -> dict:
+        """The keyword arguments of an access in scope ``i``."""
+        others = [s for k, s in enumerate(self._scopes) if k != i]
+        return {"alias_scopes": ir.ArrayAttr.get([self._scopes[i]]),
+                "noalias_scopes": ir.ArrayAttr.get(others)}
+
+
+def load(ty: ir.Type, ptr, byte_offset=None, *, align: int, scope: dict | None = None):
+    """A load of ``ty`` at ``ptr + byte_offset`` (``scope``: :meth:`AliasScopes.scope`)."""
     if byte_offset is not None:
         ptr = gep(ptr, byte_offset)
-    return llvm.LoadOp(ty, raw(ptr), alignment=align).result
+    return llvm.LoadOp(ty, raw(ptr), alignment=align, **(scope or {})).result
 
 
 def store(value, ptr, byte_offset=None, *, align: int) -> None:
     if byte_offset is not None:
         ptr = gep(ptr, byte_offset)
     llvm.StoreOp(raw(value), raw(ptr), alignment=align)
+
+
+def load_to_lds(ptr, byte_offset, lds, lds_offset, *, scope: dict | None = None) -> None:
+    """Global-to-LDS DMA of 16 bytes a lane (``global_load_lds_dwordx4``, gfx950): lane ``l``
+    reads 16 bytes at ``ptr + byte_offset`` (its own i64 offset) and writes them at LDS byte
+    ``lds_offset + 16 l`` (``lds_offset`` wave-uniform: it goes through M0), no VGPR holding
+    the data. Counted on vmcnt: the issuing wave waits (:func:`wait_vmcnt`) before a barrier
+    lets another wave read the bytes."""
+    rocdl.global_load_lds(gep(ptr, byte_offset), gep(lds, lds_offset), 16, 0, **(scope or {}))
+
+
+def wait_vmcnt(count: int) -> None:
+    """``s_waitcnt vmcnt(count)``: at most ``count`` of this wave's vector memory operations
+    still in flight (they complete in issue order)."""
+    rocdl.s_waitcnt(vmcnt=count)
 
 
 def global_ptr(arg) -> ir.Value:

@@ -170,6 +170,16 @@ def index_scores_tile_rows(spec: Specialization, num_rows: int, num_requests: in
     return min(most, 1 << (per_request.bit_length() - 1))
 
 
+def waves_per_eu(spec: Specialization) -> int:
+    """Waves per SIMD a kernel is compiled for (LLVM keeps VGPR + AGPR within 512 / this a
+    wave): 2 (256 registers) for all but the prefill index scorer, whose waves wait at a
+    barrier per page and need the 4 a SIMD that 128 registers allow (LLVM, asked for 2, gave
+    one version 129; 5 or 6 make it spill)."""
+    if spec.op == "index_scores" and spec.tiling == "prefill":
+        return 4
+    return 2
+
+
 # --- grids --------------------------------------------------------------------------------------
 
 BLOCK_THREADS = {"write_cache": 256, "index_scores": 256, "sparse_attention": 256,

@@ -17,9 +17,6 @@ from pathlib import Path
 from jax_mxfp4._src.flydsl import abi, toolchain
 from jax_mxfp4._src.flydsl.sources import imported_sources
 
-WAVES_PER_EU = 2
-"""Occupancy every kernel is compiled for (LLVM keeps VGPR+AGPR within 256 per wave)."""
-
 
 class KernelBuildError(RuntimeError):
     """FlyDSL/LLVM failed (or printed an error) while compiling a kernel."""
@@ -84,7 +81,7 @@ def compile_spec_in_process(spec: abi.Specialization, arch: str, cache_dir: Path
         with toolchain.compile_environment(arch, cache_dir, Path(dump)):
             with toolchain.captured_stderr() as log, contextlib.redirect_stdout(io.StringIO()):
                 try:
-                    compiled = flyc.compile[{"waves_per_eu": WAVES_PER_EU}](
+                    compiled = flyc.compile[{"waves_per_eu": abi.waves_per_eu(spec)}](
                         launch, *placeholder_args(spec))
                 except Exception as exc:  # FlyDSL raises many types; report them as one
                     raise KernelBuildError(f"{spec.symbol}: {exc}") from exc

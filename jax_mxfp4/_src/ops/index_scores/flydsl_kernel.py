@@ -67,7 +67,6 @@ ARGS = (
     Arg("score_scale", "f32", "fp32(sm_scale * 1.4426950409)"),
 )
 
-PAGE_CHUNKS = PAGE_BYTES // 16
 THREADS = BLOCK_THREADS["index_scores"]
 
 
@@ -80,11 +79,11 @@ class _Geometry:
         self.col_tiles, self.block_waves = TILINGS[spec.tiling]
         self.rows, self.blocks = index_scores_tile(spec)
         self.rows_per_tile = 16 // spec.heads
-        self.threads_per_page = THREADS // self.block_waves
         # decode: each wave reads its pages from global memory into the MFMA operands itself;
         # prefill: the waves share pages staged in LDS, then the row keys
         self.direct = spec.tiling == "decode"
-        self.keys_offset = 0 if self.direct else self.block_waves * PAGE_BYTES
+        self.keys_offset = 0 if self.direct else 2 * PAGE_BYTES  # two page buffers
+        assert self.direct or self.block_waves == 1, "the staged path shares one page"
 
 
 def _lane_setup(g: _Geometry, a) -> ir.LaneContext:
@@ -200,32 +199,29 @@ def _page_of(a, key, j):
     return page, ok
 
 
-def _stage_pages(g: _Geometry, a, c: ir.LaneContext, lds, key, u, maxpos) -> None:
-    """Copy this sub-step's pages (one per block wave) into LDS, MXFP4 as stored."""
-    slot = ir.sdiv(c.tid, ir.ci32(g.threads_per_page))
-    local = ir.srem(c.tid, ir.ci32(g.threads_per_page))
-    j = ir.add(c.jstep, ir.add(ir.mul(ir.uniform(slot), ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
-    page, ok = _page_of(a, key, j)
-    wanted = ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))
+DMA_CHUNK = 64 * 16  # bytes one wave's global-to-LDS DMA instruction moves
+PAGE_DMA_CHUNKS = -(-PAGE_BYTES // DMA_CHUNK)  # 9: the last one half full
+WAVES = THREADS // 64
+
+
+def _dma_page(a, c: ir.LaneContext, lds, page, wanted, lds_base: int, scope: dict) -> None:
+    """Start copying page ``page`` into LDS at ``lds_base``, MXFP4 as stored, by
+    global-to-LDS DMA (wave ``w`` takes 1 KiB chunks ``w, w + 4, ..``), when ``wanted``
+    (uniform). The copy is complete for the whole workgroup once every wave has waited for
+    it and met at a barrier."""
     with ir.when(wanted):
         base = ir.mul(ir.zext64(page), ir.ci64(PAGE_BYTES))
-        lds_base = ir.mul(slot, ir.ci32(PAGE_BYTES))
-        for k in range(-(-PAGE_CHUNKS // g.threads_per_page)):
-            chunk = ir.add(local, ir.ci32(k * g.threads_per_page))
-            in_page = ir.lt(chunk, ir.ci32(PAGE_CHUNKS))
-            if (k + 1) * g.threads_per_page <= PAGE_CHUNKS:
-                _copy_chunk(a, lds, base, lds_base, chunk)
-            else:
-                with ir.when(in_page):
-                    _copy_chunk(a, lds, base, lds_base, chunk)
-
-
-def _copy_chunk(a, lds, base, lds_base, chunk) -> None:
-    offset = ir.mul(chunk, ir.ci32(16))
-    data = ir.load(ir.vec(4, ir.i32()), ir.global_ptr(a.index_pool), ir.add(base,
-                                                                            ir.zext64(offset)),
-                   align=16)
-    ir.store(data, lds, ir.add(lds_base, offset), align=16)
+        for first in range(0, PAGE_DMA_CHUNKS, WAVES):
+            chunk = ir.add(ir.ci32(first), c.wave)
+            at = ir.add(ir.mul(chunk, ir.ci32(DMA_CHUNK)), ir.mul(c.lane, ir.ci32(16)))
+            lds_at = ir.add(ir.ci32(lds_base), ir.mul(chunk, ir.ci32(DMA_CHUNK)))
+            if first + WAVES <= PAGE_DMA_CHUNKS - 1:  # every lane of every wave in the page
+                ir.load_to_lds(ir.global_ptr(a.index_pool), ir.add(base, ir.zext64(at)), lds,
+                               lds_at, scope=scope)
+                continue
+            with ir.when(ir.lt(at, ir.ci32(PAGE_BYTES))):
+                ir.load_to_lds(ir.global_ptr(a.index_pool), ir.add(base, ir.zext64(at)), lds,
+                               lds_at, scope=scope)
 
 
 TOKEN_TILES = 8  # 16-token MFMA tiles per 128-token page
@@ -244,7 +240,7 @@ def _unflat(values) -> list:
     return list(zip(values[:TOKEN_TILES], values[TOKEN_TILES:], strict=True))
 
 
-def _page_tiles(ptr, base, c: ir.LaneContext, *, wide: bool) -> list:
+def _page_tiles(ptr, base, c: ir.LaneContext, *, wide: bool, scope: dict | None = None) -> list:
     """One page's A operands at byte ``base`` of ``ptr`` (LDS or global): per 16-token tile
     ``m``, lane (g, i) takes token ``16m + i``'s data bytes ``16g..16g+15`` (a 4-dword
     vector) and its scale byte ``g`` (as i32). ``base`` is i32 for LDS, i64 (``wide``) for
@@ -255,8 +251,10 @@ def _page_tiles(ptr, base, c: ir.LaneContext, *, wide: bool) -> list:
         token = ir.add(ir.ci32(16 * m), c.col)
         data_at = ir.add(ir.mul(token, ir.ci32(64)), ir.mul(c.grp, ir.ci32(16)))
         scale_at = ir.add(ir.ci32(SCALE_OFFSET), ir.add(ir.mul(token, ir.ci32(4)), c.grp))
-        a4 = ir.load(ir.vec(4, ir.i32()), ptr, ir.add(base, widen(data_at)), align=16)
-        scale = ir.zext32(ir.load(ir.i8(), ptr, ir.add(base, widen(scale_at)), align=1))
+        a4 = ir.load(ir.vec(4, ir.i32()), ptr, ir.add(base, widen(data_at)), align=16,
+                     scope=scope)
+        scale = ir.zext32(ir.load(ir.i8(), ptr, ir.add(base, widen(scale_at)), align=1,
+                                  scope=scope))
         tiles.append((a4, scale))
     return tiles
 
@@ -281,10 +279,10 @@ def _score_tiles(tiles, c: ir.LaneContext, b_operand, usable, limit):
     The logits are folded into NaN-propagating ``maximum`` and ``minimum`` (``v_maximum3`` /
     ``v_minimum3``): +inf and NaN show in the maximum, -inf in the minimum, so no per-token
     test is needed. When every usable lane of the wave sees the whole page live (a
-    wave-uniform branch: every page of a decode row but its last) the logits enter as they
-    are; otherwise each is first replaced by ``-FLT_MAX`` past ``limit`` (a finite fill that
-    changes neither the maximum of the live logits, nor, when one is live, whether the
-    minimum is -inf)."""
+    wave-uniform branch: every page of a decode row but its last, every page below a prefill
+    tile's diagonal) the logits enter as they are; otherwise each is first replaced by
+    ``-FLT_MAX`` past ``limit`` (a finite fill that changes neither the maximum of the live
+    logits, nor, when one is live, whether the minimum is -inf)."""
     limit = ir.select(usable, limit, ir.ci32(-1))
     logits = [ir.mfma_scale_16x16x128(ir.widen_to_8_dwords(a4), b_operand, ir.zeros_f32x4(),
                                       fmt_a=ir.FMT_FP4_E2M1, fmt_b=ir.FMT_FP8_E4M3,
@@ -293,14 +291,16 @@ def _score_tiles(tiles, c: ir.LaneContext, b_operand, usable, limit):
 
     def fold(masked: bool):
         high, low = ir.cf32(ir.NEG_INF), ir.cf32(float("inf"))
-        # token 16m + 4g + v of the page is element v of tile m's accumulator in lane group g
-        first_token = ir.mul(c.grp, ir.ci32(4))
+        # token 16m + 4g + v of the page is element v of tile m's accumulator in lane group g:
+        # live iff 16m + v <= limit - 4g (a constant against one value a lane, not a token
+        # index a lane per element, which LLVM hoists out of the loops into 32 VGPRs)
+        reach = ir.sub(limit, ir.mul(c.grp, ir.ci32(4)))
         for m, d in enumerate(logits):
             for v in range(4):
                 logit = ir.extract(d, v)
                 if masked:
-                    token = ir.add(first_token, ir.ci32(16 * m + v))
-                    logit = ir.select(ir.le(token, limit), logit, ir.cf32(-ir.FLT_MAX))
+                    live = ir.le(ir.ci32(16 * m + v), reach)
+                    logit = ir.select(live, logit, ir.cf32(-ir.FLT_MAX))
                 high, low = ir.fmax_nan(high, logit), ir.fmin_nan(low, logit)
         return [high, low]
 
@@ -337,19 +337,36 @@ def _wave_block(c: ir.LaneContext, u: int):
 
 
 def _segment_staged(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
-    """Prefill tiling: score every block of this step for the columns of request ``key``, each
-    page staged in LDS once for the workgroup's column tiles."""
+    """Prefill tiling: score this step's blocks for the columns of request ``key``, each page
+    staged in LDS once for the workgroup's column tiles, double buffered: page ``u + 1``'s
+    DMA is in flight while the waves score page ``u``, one barrier a page (LLVM waits for
+    every memory operation before an ``s_barrier`` on gfx950, so a DMA cannot stay in flight
+    across one). The table entries are looked up first: a lookup's wait would otherwise also
+    wait for every DMA before it."""
     owned = ir.eq(c.key, key)
-    slot_base = ir.mul(c.bwave, ir.ci32(PAGE_BYTES))
+    buffers = (0, PAGE_BYTES)
+    scopes = ir.AliasScopes(2, "index page buffers")
+    blocks = [_wave_block(c, u) for u in range(BLOCKS_PER_WAVE)]
+    pages = [_page_of(a, key, j) for j in blocks]
+    wanted = [ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))
+              for j, (_, ok) in zip(blocks, pages, strict=True)]
+
+    def start(u):
+        _dma_page(a, c, lds, pages[u][0], wanted[u], buffers[u % 2], scopes.scope(u % 2))
+
+    start(0)
+    ir.wait_vmcnt(0)
+    ir.barrier()
     maxima = []
     for u in range(BLOCKS_PER_WAVE):
-        _stage_pages(g, a, c, lds, key, u, maxpos)
-        ir.barrier()
-        j = _wave_block(c, u)
-        _, page_ok = _page_of(a, key, j)
-        best = _score_tiles(_page_tiles(lds, slot_base, c, wide=False), c, b_operand,
-                            ir.land(owned, page_ok), _limit(c, j))
+        if u + 1 < BLOCKS_PER_WAVE:  # into the buffer page u - 1 left (read before the barrier)
+            start(u + 1)
+        tiles = _page_tiles(lds, ir.ci32(buffers[u % 2]), c, wide=False,
+                            scope=scopes.scope(u % 2))
+        best = _score_tiles(tiles, c, b_operand, ir.land(owned, pages[u][1]),
+                            _limit(c, blocks[u]))
         maxima.append(ir.fmul(best, a.score_scale))
+        ir.wait_vmcnt(0)  # page u + 1 copied, by this wave; by every wave after the barrier
         ir.barrier()
     _store_scores(g, a, c, maxima, owned)
 
