@@ -17,7 +17,9 @@ Work split (4 waves of 64 lanes per workgroup):
   ("segments"); columns of other requests are masked, so any row order is correct (repeats of
   a request recompute identical values);
 * prefill tiling: every page a segment needs is staged **still MXFP4** in LDS (8704 bytes per
-  page, 16-byte cooperative copies), then read back as the A operand by the 4 column tiles;
+  page) by global-to-LDS DMA (``global_load_lds_dwordx4``, 1 KiB a wave instruction), double
+  buffered (page u + 1 in flight while page u is scored, one barrier a page), then read
+  back as the A operand by the 4 column tiles;
 * decode tiling (``_segment_direct``): a wave reads its own 4 pages straight from global
   memory into the A operand, all page loads issued before the first MFMA, no LDS and no
   barrier; a page no live column reaches is not read (a wave-uniform branch);
