@@ -29,8 +29,14 @@ import numpy as np
 from . import defined as definedness
 from . import waitcnt
 from .lds_ops import LdsAccess
-from .memory import AccessError
-from .memory_ops import CACHE_POLICY, _fault, buffer_locator, check_fields, global_address, widen
+from .memory_ops import (
+    CACHE_POLICY,
+    buffer_locator,
+    check_fields,
+    global_address,
+    read_lanes,
+    widen,
+)
 from .operands import M0
 
 U32, I64 = np.uint32, np.int64
@@ -117,15 +123,8 @@ def build_buffer_lds(ctx, pi, base):
         addr, in_range = locate(m, w)
         definedness.require_scalar(m, w, inst, {M0}, "M0 (the LDS offset)", bits=U32(mask))
         active = m.exec[w]
-        if m.trace is not None:
-            m.trace.lines(m, w, addr, in_range, size)
-        try:
-            read = m.memory.read(addr[in_range], size)
-        except AccessError as e:
-            raise _fault(m, w, inst, in_range, e, "load") from None
         data = np.zeros((int(active.sum()), size), np.uint8)
-        data[in_range[active]] = read
-        m.stats["global_read"] += read.size
+        data[in_range[active]] = read_lanes(m, w, inst, addr, in_range, size)
         write_lds(m, w, inst, lds_addresses(m, w, mask, imm, stride), active, data, size,
                   signed)
     return run, dma_info(vsrc, ssrc, size)
@@ -149,14 +148,7 @@ def build_global_lds(ctx, pi, base):
         definedness.require_scalar(m, w, inst, ssrc, "the address base register")
         definedness.require_scalar(m, w, inst, {M0}, "M0 (the LDS offset)", bits=U32(mask))
         active = m.exec[w]
-        full = address(m, w)
-        if m.trace is not None:
-            m.trace.lines(m, w, full, active, size)
-        try:
-            data = m.memory.read(full[active], size)
-        except AccessError as e:
-            raise _fault(m, w, inst, active, e, "load") from None
-        m.stats["global_read"] += data.size
+        data = read_lanes(m, w, inst, address(m, w), active, size)
         write_lds(m, w, inst, lds_addresses(m, w, mask, imm, stride), active, data, size,
                   signed)
     return run, dma_info(vsrc, ssrc, size)

@@ -122,16 +122,8 @@ def build_global(ctx, pi, base):
         definedness.require_vector(m, w, inst, addr_v, "the address register")
         definedness.require_scalar(m, w, inst, addr_s, "the address base register")
         active = m.exec[w]
-        full = address(m, w)
-        addrs = full[active]
-        if m.trace is not None:
-            m.trace.lines(m, w, full, active, size)
-        try:
-            data = m.memory.read(addrs, size)
-        except AccessError as e:
-            raise _fault(m, w, inst, active, e, "load") from None
+        data = read_lanes(m, w, inst, address(m, w), active, size)
         scatter_result(m, w, data_reg, active, widen(data, size, signed))
-        m.stats["global_read"] += data.size
         waitcnt.issue(m, w, inst, "vm", vregs=range(data_reg, data_reg + nregs))
 
     def run_store(m, w):
@@ -160,6 +152,21 @@ def build_global(ctx, pi, base):
                               sdst=set(), memory="global_load", bytes=size)
     return run_store, dict(vsrc=addr_v | set(range(data_reg, data_reg + nregs)), ssrc=addr_s,
                            vdst=set(), sdst=set(), memory="global_store", bytes=size)
+
+
+def read_lanes(m, w, inst, full, lanes, size: int) -> np.ndarray:
+    """The ``size`` bytes (uint8 ``[n, size]``) each lane of ``lanes`` (bool ``[n, 64]``)
+    reads at ``full`` (uint64 ``[n, 64]``) of global memory: traced for the timing model and
+    counted as global reads; a read outside the mapped memory is a ``memory`` fault naming
+    the lane."""
+    if m.trace is not None:
+        m.trace.lines(m, w, full, lanes, size)
+    try:
+        data = m.memory.read(full[lanes], size)
+    except AccessError as e:
+        raise _fault(m, w, inst, lanes, e, "load") from None
+    m.stats["global_read"] += data.size
+    return data
 
 
 def _fault(m, w, inst, active, e: AccessError, what):
@@ -224,14 +231,8 @@ def build_buffer(ctx, pi, base):
 
     def run_load(m, w):
         addr, active = locate(m, w)
-        if m.trace is not None:
-            m.trace.lines(m, w, addr, active, size)
-        try:
-            data = m.memory.read(addr[active], size)
-        except AccessError as e:
-            raise _fault(m, w, inst, active, e, "load") from None
+        data = read_lanes(m, w, inst, addr, active, size)
         scatter_result(m, w, data_reg, active, widen(data, size, signed))
-        m.stats["global_read"] += data.size
         waitcnt.issue(m, w, inst, "vm", vregs=range(data_reg, data_reg + nregs))
 
     def run_store(m, w):
