@@ -141,13 +141,12 @@ def _lane_rows(g: _Geometry, a, c: ir.LaneContext, lds):
     return ir.select(mine, key, ir.ci32(-1)), ir.select(mine, pos, ir.ci32(-1))
 
 
-def _max_position(row_pos):
+def _max_position(c: ir.LaneContext, row_pos):
     """Largest live position among the workgroup's rows (-1 if none; ``row_pos`` of
     :func:`_lane_rows`), uniform: a butterfly over the wave's lanes."""
-    lane = ir.band(ir.thread_id(), ir.ci32(63))
     best = row_pos
     for mask in (1, 2, 4, 8, 16, 32):
-        other = ir.f32_bits(ir.lane_xor_f32(ir.f32_from_bits(best), lane, mask))
+        other = ir.f32_bits(ir.lane_xor_f32(ir.f32_from_bits(best), c.lane, mask))
         best = ir.smax(best, other)
     return ir.uniform(best)
 
@@ -338,6 +337,18 @@ def _wave_block(c: ir.LaneContext, u: int):
     return ir.add(c.jstep, ir.add(ir.mul(c.bwave, ir.ci32(BLOCKS_PER_WAVE)), ir.ci32(u)))
 
 
+def _step_pages(a, c: ir.LaneContext, key, maxpos) -> list:
+    """``(block, page id, page usable, page wanted)`` of this wave's ``BLOCKS_PER_WAVE``
+    blocks of request ``key``, all uniform; wanted: usable and reached by a row (``maxpos``).
+    Both tilings look every table entry up before their first page load."""
+    out = []
+    for u in range(BLOCKS_PER_WAVE):
+        j = _wave_block(c, u)
+        page, ok = _page_of(a, key, j)
+        out.append((j, page, ok, ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))))
+    return out
+
+
 def _segment_staged(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, maxpos) -> None:
     """Prefill tiling: score this step's blocks for the columns of request ``key``, each page
     staged in LDS once for the workgroup's column tiles, double buffered: page ``u + 1``'s
@@ -348,25 +359,22 @@ def _segment_staged(g: _Geometry, a, c: ir.LaneContext, lds, b_operand, key, max
     owned = ir.eq(c.key, key)
     buffers = (0, PAGE_BYTES)
     scopes = ir.AliasScopes(2, "index page buffers")
-    blocks = [_wave_block(c, u) for u in range(BLOCKS_PER_WAVE)]
-    pages = [_page_of(a, key, j) for j in blocks]
-    wanted = [ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos))
-              for j, (_, ok) in zip(blocks, pages, strict=True)]
+    pages = _step_pages(a, c, key, maxpos)
 
     def start(u):
-        _dma_page(a, c, lds, pages[u][0], wanted[u], buffers[u % 2], scopes.scope(u % 2))
+        _, page, _, wanted = pages[u]
+        _dma_page(a, c, lds, page, wanted, buffers[u % 2], scopes.scope(u % 2))
 
     start(0)
     ir.wait_vmcnt(0)
     ir.barrier()
     maxima = []
-    for u in range(BLOCKS_PER_WAVE):
+    for u, (j, _, ok, _) in enumerate(pages):
         if u + 1 < BLOCKS_PER_WAVE:  # into the buffer page u - 1 left (read before the barrier)
             start(u + 1)
         tiles = _page_tiles(lds, ir.ci32(buffers[u % 2]), c, wide=False,
                             scope=scopes.scope(u % 2))
-        best = _score_tiles(tiles, c, b_operand, ir.land(owned, pages[u][1]),
-                            _limit(c, blocks[u]))
+        best = _score_tiles(tiles, c, b_operand, ir.land(owned, ok), _limit(c, j))
         maxima.append(ir.fmul(best, a.score_scale))
         ir.wait_vmcnt(0)  # page u + 1 copied, by this wave; by every wave after the barrier
         ir.barrier()
@@ -379,12 +387,10 @@ def _segment_direct(g: _Geometry, a, c: ir.LaneContext, b_operand, key, maxpos) 
     are looked up first, then every wanted page's loads are issued before the first MFMA, so
     a wave has its whole share of pages in flight at once."""
     owned = ir.eq(c.key, key)
-    blocks = [_wave_block(c, u) for u in range(BLOCKS_PER_WAVE)]
-    pages = [_page_of(a, key, j) for j in blocks]
-    staged = [_global_page_tiles(a, c, page, ir.land(ok, ir.le(ir.mul(j, ir.ci32(128)), maxpos)))
-              for j, (page, ok) in zip(blocks, pages, strict=True)]
+    pages = _step_pages(a, c, key, maxpos)
+    staged = [_global_page_tiles(a, c, page, wanted) for _, page, _, wanted in pages]
     maxima = []
-    for j, (_, ok), tiles in zip(blocks, pages, staged, strict=True):
+    for (j, _, ok, _), tiles in zip(pages, staged, strict=True):
         best = _score_tiles(tiles, c, b_operand, ir.land(owned, ok), _limit(c, j))
         maxima.append(ir.fmul(best, a.score_scale))
     _store_scores(g, a, c, maxima, owned)
@@ -396,7 +402,7 @@ def _body(g: _Geometry, a) -> None:
     _publish_row_keys(g, c, lds)
     ir.barrier()
     row_key, row_pos = _lane_rows(g, a, c, lds)
-    maxpos = _max_position(row_pos)
+    maxpos = _max_position(c, row_pos)
     reach = ir.le(ir.mul(c.jstep, ir.ci32(128)), maxpos)
     neg = [ir.cf32(ir.NEG_INF)] * BLOCKS_PER_WAVE
     _store_scores(g, a, c, neg, ir.land(c.t_ok, ir.lor(c.dead, ir.lnot(reach))))
