@@ -131,7 +131,9 @@ fuzz: $(VENV)/.installed-test
 # kernel's assembly (scale operands and op_sel of scaled MFMAs, v_cmp off-by-ones, load
 # offsets, dropped s_waitcnt) run in the CDNA emulator on the emulated tests' cases; prints the
 # kill rate per kernel family and kind, and every survivor. All 10.7K mutants take hours on a
-# core (about 3.5 s each); MUTATE_ARGS samples, e.g. MUTATE_ARGS="--per-kind 10".
+# core (about 3.5 s each); MUTATE_ARGS samples, e.g. MUTATE_ARGS="--per-kind 10". A full run
+# in N processes: `--shard K/N --results FILE` for each K (verdicts append to FILE, a stopped
+# run resumes), then once with `--results FILE` alone for the table.
 MUTATE_ARGS ?= --per-kind 10
 .PHONY: mutate
 mutate: $(VENV)/.installed-test

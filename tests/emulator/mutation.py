@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -168,6 +169,12 @@ class Judge:
     kill: list
     other: object
     bf16_of: Callable | None = None  # MXFP8 kernels: the unmutated path's bf16 output
+    other_outputs: object = None  # the unmutated kernels' outputs on ``other`` (computed once)
+
+    def unmutated_other(self, objects):
+        if self.other_outputs is None:
+            self.other_outputs = self.run(objects, self.other)
+        return self.other_outputs
 
 
 def _index_judge(spec, rng) -> Judge:
@@ -283,7 +290,7 @@ def verdict(mutant: Mutant, objects: dict, judge: Judge) -> str:
         got = judge.run(mutated, judge.other)
     except EmulatorFault:
         return "survived"
-    want = judge.run(objects, judge.other)
+    want = judge.unmutated_other(objects)
     same = (all(oracle.bits_equal(a, b).all() for a, b in zip(got, want, strict=True))
             if isinstance(got, tuple) else oracle.bits_equal(got, want).all())
     return "equivalent" if same else "survived"
@@ -314,8 +321,10 @@ def build(kernel_dir: Path | None) -> dict:
     return {co.symbol: co for co in build_all("gfx950", None, progress=False)}
 
 
-def run(objects: dict, symbols: list[str], kinds, per_kind: int | None, seed: int) -> list:
-    """``(mutant, verdict)`` for the sampled mutants of each kernel in ``symbols``."""
+def choose(objects: dict, symbols: list[str], kinds, per_kind: int | None, seed: int,
+           shard: tuple[int, int] = (0, 1)) -> list[Mutant]:
+    """The mutants of each kernel in ``symbols`` and kind (at most ``per_kind`` of each, a
+    seeded sample), in order; ``shard`` ``(k, n)`` keeps every n-th from the k-th."""
     sample = random.Random(seed)
     chosen: list[Mutant] = []
     for symbol in symbols:
@@ -324,17 +333,53 @@ def run(objects: dict, symbols: list[str], kinds, per_kind: int | None, seed: in
             if per_kind is not None and len(of_kind) > per_kind:
                 of_kind = sorted(sample.sample(of_kind, per_kind), key=lambda m: m.line)
             chosen += of_kind
-    judges, results = {}, []
+    k, n = shard
+    return chosen[k::n]
+
+
+def text_hash(isa: str) -> str:
+    """What a recorded verdict is valid for: the kernel's assembly text."""
+    return hashlib.sha256(isa.encode()).hexdigest()[:16]
+
+
+def recorded(path: Path | None, objects: dict) -> dict[tuple, str]:
+    """Verdicts already in the results file ``path`` (JSON lines) for these very kernels:
+    ``(symbol, line, after) -> verdict``; lines of another build of a kernel are ignored."""
+    if path is None or not path.exists():
+        return {}
+    found = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        co = objects.get(row["symbol"])
+        if co is not None and row["isa"] == text_hash(co.isa):
+            found[(row["symbol"], row["line"], row["after"])] = row["verdict"]
+    return found
+
+
+def run(objects: dict, chosen: list[Mutant], seed: int, results: Path | None = None) -> list:
+    """``(mutant, verdict)`` for each mutant of ``chosen``; those already in ``results`` are
+    not run again, and each new verdict is appended to it as soon as it is known (so that a
+    stopped run resumes, and shards in several processes share one file)."""
+    done = recorded(results, objects)
+    judges, verdicts = {}, []
     for i, mutant in enumerate(chosen):
         progress(i, len(chosen), f"{mutant.symbol} {mutant.kind} line {mutant.line}",
                  what="mutant")
-        if mutant.symbol not in judges:
-            spec = objects[mutant.symbol].spec
-            judges[mutant.symbol] = judge_of(spec, np.random.default_rng(seed))
-            _with_bf16(objects, judges[mutant.symbol], spec)
-        results.append((mutant, verdict(mutant, objects, judges[mutant.symbol])))
+        key = (mutant.symbol, mutant.line, mutant.after)
+        if key not in done:
+            if mutant.symbol not in judges:
+                spec = objects[mutant.symbol].spec
+                judges[mutant.symbol] = judge_of(spec, np.random.default_rng(seed))
+                _with_bf16(objects, judges[mutant.symbol], spec)
+            done[key] = verdict(mutant, objects, judges[mutant.symbol])
+            if results is not None:
+                row = {**dataclasses.asdict(mutant), "verdict": done[key],
+                       "isa": text_hash(objects[mutant.symbol].isa)}
+                with results.open("a") as f:  # one short write: appends from shards interleave
+                    f.write(json.dumps(row) + "\n")
+        verdicts.append((mutant, done[key]))
     progress(len(chosen), len(chosen), "done", what="mutant")
-    return results
+    return verdicts
 
 
 def report(results: list) -> list[dict]:
@@ -363,6 +408,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--per-kind", type=int, default=None,
                         help="sample at most this many mutants per kernel and kind")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shard", default="0/1", help="K/N: judge every N-th mutant from the "
+                        "K-th (run N processes on one --results file, then once without)")
+    parser.add_argument("--results", type=Path, help="a JSON-lines file of verdicts: those in it "
+                        "(for the same kernel text) are not run again, new ones are appended")
     parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = parser.parse_args(argv)
     kinds = tuple(args.kinds.split(","))
@@ -372,7 +421,14 @@ def main(argv: list[str]) -> int:
     symbols = sorted(s for s in objects if re.search(args.kernels, s))
     if not symbols:
         parser.error(f"--kernels {args.kernels!r} matches none of {sorted(objects)}")
-    results = run(objects, symbols, kinds, args.per_kind, args.seed)
+    try:
+        shard = tuple(int(x) for x in args.shard.split("/"))
+        if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shard: {args.shard!r} is not K/N with 0 <= K < N")
+    chosen = choose(objects, symbols, kinds, args.per_kind, args.seed, shard)
+    results = run(objects, chosen, args.seed, args.results)
     rows = report(results)
     print("family | kind | mutants | killed | equivalent | survived | kill rate")
     for r in rows:

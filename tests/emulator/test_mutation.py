@@ -47,3 +47,32 @@ def test_verdicts_on_the_writer(built):
     assert mutation.verdict(unchanged, objects, judge) == "equivalent"
     dropped = [m for m in mutation.mutants_of(symbol, co.isa, ("waitcnt",))]
     assert dropped and all(mutation.verdict(m, objects, judge) == "killed" for m in dropped)
+
+
+def test_shards_share_one_results_file_and_a_rerun_reuses_it(built, tmp_path, monkeypatch):
+    """Two shards cover the selection between them, each verdict lands in the results file
+    once, and a later run over the whole selection judges nothing again (its verdicts all come
+    from the file). Mutation: a ``recorded`` that ignores the file makes the rerun call
+    ``verdict``, which this test forbids."""
+    import dataclasses
+    import json
+
+    objects = built[1]
+    symbols = ["jax_mxfp4_write_cache"]
+    whole = mutation.choose(objects, symbols, ("waitcnt",), None, 0)
+    halves = [mutation.choose(objects, symbols, ("waitcnt",), None, 0, (k, 2)) for k in (0, 1)]
+    assert sorted(m.line for h in halves for m in h) == sorted(m.line for m in whole)
+    results = tmp_path / "verdicts.jsonl"
+    first = [v for h in halves for v in mutation.run(objects, h, 0, results)]
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert len(rows) == len(whole) and {r["verdict"] for r in rows} == {"killed"}
+
+    def no_rerun(*args):
+        raise AssertionError("a recorded mutant was judged again")
+
+    monkeypatch.setattr(mutation, "verdict", no_rerun)
+    again = mutation.run(objects, whole, 0, results)
+    assert sorted((m.line, v) for m, v in again) == sorted((m.line, v) for m, v in first)
+    co = objects[symbols[0]]
+    rebuilt = {symbols[0]: dataclasses.replace(co, isa=co.isa + "\n")}
+    assert mutation.recorded(results, rebuilt) == {}  # another text: its verdicts do not apply
