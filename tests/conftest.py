@@ -306,6 +306,41 @@ def decode_index_case(rng, seq_lens, tokens_per_request, *, num_heads=2, num_blo
     return IndexCase(q, pool, table, positions, requests, num_blocks, seq)
 
 
+def ramp_index_keys(case: IndexCase) -> None:
+    """Make every token's score grow with its position in its page, in place: token ``t`` of
+    every page holds ``t + 1`` values of 1.0 (the rest 0.0, every scale byte 127) and every
+    query element is 1.0, so each block's score is that of the last token a row may see. A
+    token mask one token too wide or too narrow then changes the block's score for every row
+    whose limit falls in the block (with random keys the boundary token is seldom the block's
+    maximum, and such a mask error passes: issue 46's mutation runs). Scores are exact small
+    integers times ``sm_scale``."""
+    from jax_mxfp4._src.core.formats import PAGE_SCALE_OFFSET, PAGE_TOKENS, TOKEN_DATA_BYTES
+
+    ones = np.arange(1, PAGE_TOKENS + 1)[:, None]  # values of 1.0 in token t: t + 1
+    element = np.arange(2 * TOKEN_DATA_BYTES)[None, :]  # 128 nibbles, two a byte
+    nibbles = np.where(element < ones, 0x2, 0x0).astype(np.uint8)  # e2m1 0x2 = 1.0
+    data = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+    case.pool[:, :PAGE_SCALE_OFFSET] = data.reshape(-1)
+    case.pool[:, PAGE_SCALE_OFFSET:] = 127
+    case.q[...] = 1
+
+
+def ramp_index_case(tiling: str, heads: int, q_dtype: str = "bf16") -> IndexCase:
+    """:func:`ramp_index_keys` over rows whose limits take every position of the first two
+    pages (each buffer and lane group of both tilings sees every limit): prefill, one request
+    of 272 rows from position 0 beside a request of 8; decode, 32 requests of 8 rows ending at
+    8, 16, .., 256 tokens."""
+    rng = np.random.default_rng(46)
+    kw = dict(num_heads=heads, num_blocks=3, table_width=3, q_dtype=q_dtype)
+    if tiling == "prefill":
+        case = prefill_index_case(rng, [272, 8], [0, 300], num_rows=288, num_pages=6, **kw)
+    else:
+        seq = list(range(8, 257, 8))
+        case = decode_index_case(rng, seq, 8, num_pages=2 * len(seq), **kw)
+    ramp_index_keys(case)
+    return case
+
+
 def deep_scale_index_case(rng, layout: str) -> IndexCase:
     """An index case (one head, e4m3 queries; ``layout``: "prefill", "decode" with 8 rows per
     request, or "decode1" with 1) whose pages :func:`deepen_scale_groups` rewrites."""
