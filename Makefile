@@ -134,6 +134,13 @@ fuzz: $(VENV)/.installed-test
 # core (about 3.5 s each); MUTATE_ARGS samples, e.g. MUTATE_ARGS="--per-kind 10". A full run
 # in N processes: `--shard K/N --results FILE` for each K (verdicts append to FILE, a stopped
 # run resumes), then once with `--results FILE` alone for the table.
+# `make rocm-sim`: the real ROCm JAX plugin on AMD's rocJITsu simulated MI350X, in a Debian
+# sid chroot (tools/rocm-sim/README.md; a development machine, as root; not part of make test).
+# ROCJITSU=DIR reuses a rocJITsu build it made before; ROCM_SIM_DIR caches the rest.
+.PHONY: rocm-sim
+rocm-sim:
+	tools/rocm-sim/rocm-sim.sh
+
 MUTATE_ARGS ?= --per-kind 10
 .PHONY: mutate
 mutate: $(VENV)/.installed-test
