@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import oracle  # noqa: E402
 import test_emulator_flydsl as flydsl_tests  # noqa: E402
 import test_emulator_write_cache as write_tests  # noqa: E402
-from conftest import SM_SCALE, attention_case  # noqa: E402
+from conftest import SM_SCALE, attention_case, ramp_index_case  # noqa: E402
 
 from cdna_emulator import EmulatorFault  # noqa: E402
 from jax_mxfp4 import reference  # noqa: E402
@@ -189,7 +189,8 @@ def _index_judge(spec, rng) -> Judge:
 
     long = flydsl_tests.long_index_case
     return Judge(run, wrong,
-                 [flydsl_tests.index_case(rng, spec), long(rng, spec.heads, spec.tiling, spec.q)],
+                 [flydsl_tests.index_case(rng, spec), long(rng, spec.heads, spec.tiling, spec.q),
+                  ramp_index_case(spec.tiling, spec.heads, spec.q)],
                  long(rng, spec.heads, spec.tiling, spec.q))
 
 
@@ -453,6 +454,8 @@ def main(argv: list[str]) -> int:
                         "K-th (run N processes on one --results file, then once without)")
     parser.add_argument("--results", type=Path, help="a JSON-lines file of verdicts: those in it "
                         "(for the same kernel text) are not run again, new ones are appended")
+    parser.add_argument("--recorded-only", action="store_true", help="judge nothing: the table "
+                        "of the verdicts --results holds for the selection (a partial run)")
     parser.add_argument("--json", action="store_true", help="one JSON object as the last line")
     args = parser.parse_args(argv)
     kinds = tuple(args.kinds.split(","))
@@ -469,7 +472,13 @@ def main(argv: list[str]) -> int:
     except ValueError:
         parser.error(f"--shard: {args.shard!r} is not K/N with 0 <= K < N")
     chosen = choose(objects, symbols, kinds, args.per_kind, args.seed, shard)
-    results = run(objects, chosen, args.seed, args.results)
+    if args.recorded_only:
+        done = recorded(args.results, objects)
+        results = [(m, done[(m.symbol, m.line, m.after)]) for m in chosen
+                   if (m.symbol, m.line, m.after) in done]
+        print(f"recorded verdicts: {len(results)} of the {len(chosen)} mutants selected")
+    else:
+        results = run(objects, chosen, args.seed, args.results)
     rows = report(results)
     print("family | kind | mutants | killed | equivalent | survived | kill rate")
     for r in rows:
