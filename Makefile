@@ -130,8 +130,8 @@ fuzz: $(VENV)/.installed-test
 # (tests/emulator/mutation.py, issue 46): every specialization built, mutants of each
 # kernel's assembly (scale operands and op_sel of scaled MFMAs, v_cmp off-by-ones, load
 # offsets, dropped s_waitcnt) run in the CDNA emulator on the emulated tests' cases; prints the
-# kill rate per kernel family and kind, and every survivor. All 10.7K mutants take hours on a
-# core (about 3.5 s each); MUTATE_ARGS samples, e.g. MUTATE_ARGS="--per-kind 10". A full run
+# kill rate per kernel family and kind, and every survivor. All 6.1K mutants take hours on a
+# core (0.1-50 s each); MUTATE_ARGS samples, e.g. MUTATE_ARGS="--per-kind 10". A full run
 # in N processes: `--shard K/N --results FILE` for each K (verdicts append to FILE, a stopped
 # run resumes), then once with `--results FILE` alone for the table.
 # `make rocm-sim`: the real ROCm JAX plugin on AMD's rocJITsu simulated MI350X, in a Debian
