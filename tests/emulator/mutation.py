@@ -77,6 +77,11 @@ class Mutant:
     before: str
     after: str
 
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """What a recorded verdict is looked up by (with the kernel text's hash)."""
+        return self.symbol, self.line, self.after
+
     def apply(self, isa: str) -> str:
         lines = isa.split("\n")
         assert lines[self.line - 1] == self.before
@@ -398,30 +403,36 @@ def run(objects: dict, chosen: list[Mutant], seed: int, results: Path | None = N
     judges, verdicts = {}, []
     harness.run = UnmutatedRuns(objects)
     try:
-        _judge_each(objects, chosen, seed, results, done, judges, verdicts)
+        for i, mutant in enumerate(chosen):
+            progress(i, len(chosen), f"{mutant.symbol} {mutant.kind} line {mutant.line}",
+                     what="mutant")
+            if mutant.key not in done:
+                done[mutant.key] = verdict(mutant, objects, _judge(mutant, objects, judges, seed))
+                _append(results, mutant, done[mutant.key], objects)
+            verdicts.append((mutant, done[mutant.key]))
     finally:
         harness.run = harness.run.inner
     progress(len(chosen), len(chosen), "done", what="mutant")
     return verdicts
 
 
-def _judge_each(objects, chosen, seed, results, done, judges, verdicts) -> None:
-    for i, mutant in enumerate(chosen):
-        progress(i, len(chosen), f"{mutant.symbol} {mutant.kind} line {mutant.line}",
-                 what="mutant")
-        key = (mutant.symbol, mutant.line, mutant.after)
-        if key not in done:
-            if mutant.symbol not in judges:
-                spec = objects[mutant.symbol].spec
-                judges[mutant.symbol] = judge_of(spec, np.random.default_rng(seed))
-                _with_bf16(objects, judges[mutant.symbol], spec)
-            done[key] = verdict(mutant, objects, judges[mutant.symbol])
-            if results is not None:
-                row = {**dataclasses.asdict(mutant), "verdict": done[key],
-                       "isa": text_hash(objects[mutant.symbol].isa)}
-                with results.open("a") as f:  # one short write: appends from shards interleave
-                    f.write(json.dumps(row) + "\n")
-        verdicts.append((mutant, done[key]))
+def _judge(mutant: Mutant, objects: dict, judges: dict, seed: int) -> Judge:
+    """The judge of ``mutant``'s kernel, made on its first mutant and kept in ``judges``."""
+    if mutant.symbol not in judges:
+        spec = objects[mutant.symbol].spec
+        judges[mutant.symbol] = judge_of(spec, np.random.default_rng(seed))
+        _with_bf16(objects, judges[mutant.symbol], spec)
+    return judges[mutant.symbol]
+
+
+def _append(results: Path | None, mutant: Mutant, outcome: str, objects: dict) -> None:
+    """One JSON line for ``mutant``'s verdict, in a single short write: appends from several
+    shards' processes interleave whole lines."""
+    if results is not None:
+        row = {**dataclasses.asdict(mutant), "verdict": outcome,
+               "isa": text_hash(objects[mutant.symbol].isa)}
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def report(results: list) -> list[dict]:
@@ -474,8 +485,7 @@ def main(argv: list[str]) -> int:
     chosen = choose(objects, symbols, kinds, args.per_kind, args.seed, shard)
     if args.recorded_only:
         done = recorded(args.results, objects)
-        results = [(m, done[(m.symbol, m.line, m.after)]) for m in chosen
-                   if (m.symbol, m.line, m.after) in done]
+        results = [(m, done[m.key]) for m in chosen if m.key in done]
         print(f"recorded verdicts: {len(results)} of the {len(chosen)} mutants selected")
     else:
         results = run(objects, chosen, args.seed, args.results)
